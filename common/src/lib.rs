@@ -1,0 +1,16 @@
+//! The parts of KucoFS that every other crate stands on: the on-media
+//! [`format`], the persistent-memory [`pm`] region with its persistence
+//! primitives, and the crate's [`Error`].
+//!
+//! KucoFS targets little-endian x86-64: the on-media structs are read and
+//! written in native byte order, and the flush instructions are x86's.
+
+#[cfg(not(all(target_arch = "x86_64", target_endian = "little")))]
+compile_error!("KucoFS supports x86-64 only (little-endian media layout, clwb/clflushopt)");
+
+pub mod error;
+pub mod format;
+pub mod pm;
+pub mod size;
+
+pub use error::{Error, Result};

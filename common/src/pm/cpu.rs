@@ -1,0 +1,187 @@
+//! The x86-64 instructions that make stores persistent: cache-line write-back
+//! or flush, the store fence, and non-temporal stores.
+//!
+//! Stable Rust has intrinsics for `clflush`, `sfence` and the streaming stores
+//! but not for `clwb` or `clflushopt`, so those two are emitted with `asm!`,
+//! and only after CPUID said the CPU has them.
+
+use std::arch::asm;
+use std::arch::x86_64::{__cpuid, __cpuid_count, __m128i, _mm_clflush, _mm_loadu_si128};
+use std::arch::x86_64::{_mm_sfence, _mm_stream_si128};
+use std::fmt;
+use std::sync::OnceLock;
+
+use super::CACHE_LINE;
+
+/// The instruction used to write a cache line back to persistent memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushInstr {
+    /// Writes the line back and may keep it cached (best: later reads hit).
+    Clwb,
+    /// Writes back and evicts the line; weakly ordered, so many can overlap.
+    Clflushopt,
+    /// Writes back and evicts; serialised with other flushes (slowest).
+    Clflush,
+}
+
+impl FlushInstr {
+    /// The best instruction this CPU offers, detected once from CPUID.
+    pub fn detect() -> FlushInstr {
+        static DETECTED: OnceLock<FlushInstr> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            // CPUID leaf 7, sub-leaf 0: EBX bit 24 is CLWB, bit 23 CLFLUSHOPT.
+            // Leaf 0 reports the highest leaf; leaf 7 only exists when it is >= 7.
+            let max_leaf = __cpuid(0).eax;
+            let ebx = if max_leaf >= 7 {
+                __cpuid_count(7, 0).ebx
+            } else {
+                0
+            };
+            if ebx & (1 << 24) != 0 {
+                FlushInstr::Clwb
+            } else if ebx & (1 << 23) != 0 {
+                FlushInstr::Clflushopt
+            } else {
+                // CLFLUSH (leaf 1, EDX bit 19) is part of SSE2, which every
+                // x86-64 CPU has.
+                FlushInstr::Clflush
+            }
+        })
+    }
+
+    /// Writes back every cache line that overlaps `[addr, addr + len)`.
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must lie inside one live mapping.
+    pub(super) unsafe fn flush(self, addr: *const u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let first = addr as usize & !(CACHE_LINE - 1);
+        let end = addr as usize + len;
+        let mut line = first;
+        while line < end {
+            let p = line as *const u8;
+            match self {
+                // SAFETY: `p` is the start of a cache line that overlaps the
+                // caller's mapped range; a write-back of a mapped line has no
+                // effect on memory contents. CPUID reported CLWB.
+                FlushInstr::Clwb => unsafe {
+                    asm!("clwb [{0}]", in(reg) p, options(nostack, preserves_flags));
+                },
+                // SAFETY: as above; CPUID reported CLFLUSHOPT.
+                FlushInstr::Clflushopt => unsafe {
+                    asm!("clflushopt [{0}]", in(reg) p, options(nostack, preserves_flags));
+                },
+                // SAFETY: as above; CLFLUSH is baseline on x86-64.
+                FlushInstr::Clflush => unsafe { _mm_clflush(p) },
+            }
+            line += CACHE_LINE;
+        }
+    }
+}
+
+impl fmt::Display for FlushInstr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FlushInstr::Clwb => "clwb",
+            FlushInstr::Clflushopt => "clflushopt",
+            FlushInstr::Clflush => "clflush",
+        })
+    }
+}
+
+/// Orders every earlier flush and non-temporal store before every later store:
+/// once it retires, those bytes are in the persistence domain.
+pub(super) fn sfence() {
+    // SAFETY: SFENCE has no operands and no memory-safety preconditions; SSE
+    // is baseline on x86-64.
+    unsafe { _mm_sfence() }
+}
+
+/// Copies `len` bytes from `src` to `dst` so that they are persistent after
+/// the next [`sfence`]: the 16-byte-aligned body with streaming stores, the
+/// unaligned head and tail with ordinary stores followed by a write-back.
+///
+/// # Safety
+///
+/// `src` must be valid for reads and `dst` for writes of `len` bytes, and the
+/// two ranges must not overlap.
+pub(super) unsafe fn copy_nt(dst: *mut u8, src: *const u8, len: usize, flush: FlushInstr) {
+    let head = dst.align_offset(16).min(len);
+    let body = (len - head) & !15;
+    let tail = len - head - body;
+    // The three parts split `[0, len)` into disjoint ranges that the caller
+    // guarantees are valid and non-overlapping; addresses are computed with
+    // wrapping_add (safe) and only dereferenced inside those ranges.
+    if head > 0 {
+        // SAFETY: `[0, head)` is inside both caller-guaranteed ranges.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+        // SAFETY: `[dst, dst + head)` is inside the caller's mapping.
+        unsafe { flush.flush(dst, head) };
+    }
+    let mut i = head;
+    while i < head + body {
+        // SAFETY: `i + 16 <= head + body <= len`, so the 16 source bytes are
+        // readable; loadu accepts any alignment.
+        let v = unsafe { _mm_loadu_si128(src.wrapping_add(i) as *const __m128i) };
+        // SAFETY: the 16 destination bytes are writable, and `dst + i` is
+        // 16-byte aligned because `head` aligned it and `i` advances in 16s.
+        unsafe { _mm_stream_si128(dst.wrapping_add(i) as *mut __m128i, v) };
+        i += 16;
+    }
+    if tail > 0 {
+        // SAFETY: `[i, i + tail) = [len - tail, len)` is inside both ranges.
+        unsafe { std::ptr::copy_nonoverlapping(src.wrapping_add(i), dst.wrapping_add(i), tail) };
+        // SAFETY: inside the caller's mapping, as above.
+        unsafe { flush.flush(dst.wrapping_add(i), tail) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection_is_stable_and_consistent_with_cpuinfo() {
+        let a = FlushInstr::detect();
+        assert_eq!(a, FlushInstr::detect());
+        if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+            let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+            let has = |f: &str| flags.split_whitespace().any(|w| w == f);
+            let expected = if has("clwb") {
+                FlushInstr::Clwb
+            } else if has("clflushopt") {
+                FlushInstr::Clflushopt
+            } else {
+                FlushInstr::Clflush
+            };
+            assert_eq!(a, expected);
+        }
+    }
+
+    #[test]
+    fn non_temporal_copy_copies_every_alignment_and_length() {
+        let src: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        for dst_off in 0..17 {
+            for len in [0, 1, 15, 16, 17, 31, 64, 100, 255] {
+                let mut dst = vec![0u8; 320];
+                // SAFETY: both buffers are live Vecs, the ranges are in bounds
+                // (dst_off + len <= 272 < 320, len <= 300) and distinct.
+                unsafe {
+                    copy_nt(
+                        dst.as_mut_ptr().wrapping_add(dst_off),
+                        src.as_ptr(),
+                        len,
+                        FlushInstr::detect(),
+                    )
+                };
+                sfence();
+                assert_eq!(&dst[dst_off..dst_off + len], &src[..len]);
+                assert!(dst[..dst_off].iter().all(|&b| b == 0));
+                assert!(dst[dst_off + len..].iter().all(|&b| b == 0));
+            }
+        }
+    }
+}

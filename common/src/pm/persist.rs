@@ -1,0 +1,102 @@
+//! The persistence backend: every store that must survive a crash, every
+//! flush and every fence goes through [`Persist`], so that tests can replace
+//! the hardware with a [`Recorder`](super::Recorder) that keeps the image the
+//! media would hold after a crash.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use super::cpu::{self, FlushInstr};
+use super::mapping::Media;
+use crate::Result;
+
+/// How stores into a region are made and made persistent.
+///
+/// The contract (x86 with ADR): a cached store ([`store`](Persist::store),
+/// [`store_u64`](Persist::store_u64), [`fill`](Persist::fill)) is persistent
+/// once its cache line was [`flush`](Persist::flush)ed and a
+/// [`fence`](Persist::fence) followed; a non-temporal store
+/// ([`store_nt`](Persist::store_nt)) once a fence followed. Until then it may
+/// or may not survive a crash.
+pub trait Persist: Send + Sync + fmt::Debug {
+    /// A short name for reports ("clwb", "recorder").
+    fn name(&self) -> String;
+    /// A region was mapped: its current contents are what the media holds.
+    fn attach(&self, _media: Media<'_>) {}
+    /// Ordinary store of `data` at `offset`.
+    fn store(&self, media: Media<'_>, offset: usize, data: &[u8]) -> Result<()>;
+    /// Ordinary store of `len` copies of `byte` at `offset`.
+    fn fill(&self, media: Media<'_>, offset: usize, len: usize, byte: u8) -> Result<()>;
+    /// Atomic store of an aligned 8-byte word at `offset`.
+    fn store_u64(&self, media: Media<'_>, offset: usize, value: u64, order: Ordering)
+        -> Result<()>;
+    /// Non-temporal store of `data` at `offset`.
+    fn store_nt(&self, media: Media<'_>, offset: usize, data: &[u8]) -> Result<()>;
+    /// Starts the write-back of the cache lines overlapping the range.
+    fn flush(&self, media: Media<'_>, offset: usize, len: usize) -> Result<()>;
+    /// Waits until every earlier flush and non-temporal store is persistent.
+    fn fence(&self);
+}
+
+/// The real thing: CPU stores, the best flush instruction CPUID offers, and
+/// `sfence`.
+#[derive(Debug, Clone, Copy)]
+pub struct Hardware {
+    instr: FlushInstr,
+}
+
+impl Hardware {
+    /// The backend with the flush instruction detected on this CPU.
+    pub fn new() -> Hardware {
+        Hardware {
+            instr: FlushInstr::detect(),
+        }
+    }
+
+    /// The flush instruction in use.
+    pub fn flush_instr(&self) -> FlushInstr {
+        self.instr
+    }
+}
+
+impl Default for Hardware {
+    fn default() -> Self {
+        Hardware::new()
+    }
+}
+
+impl Persist for Hardware {
+    fn name(&self) -> String {
+        self.instr.to_string()
+    }
+
+    fn store(&self, media: Media<'_>, offset: usize, data: &[u8]) -> Result<()> {
+        media.copy_in(offset, data)
+    }
+
+    fn fill(&self, media: Media<'_>, offset: usize, len: usize, byte: u8) -> Result<()> {
+        media.fill(offset, len, byte)
+    }
+
+    fn store_u64(
+        &self,
+        media: Media<'_>,
+        offset: usize,
+        value: u64,
+        order: Ordering,
+    ) -> Result<()> {
+        media.store_u64(offset, value, order)
+    }
+
+    fn store_nt(&self, media: Media<'_>, offset: usize, data: &[u8]) -> Result<()> {
+        media.copy_in_nt(offset, data, self.instr)
+    }
+
+    fn flush(&self, media: Media<'_>, offset: usize, len: usize) -> Result<()> {
+        media.flush(offset, len, self.instr)
+    }
+
+    fn fence(&self) {
+        cpu::sfence();
+    }
+}

@@ -1,0 +1,436 @@
+//! A persistence backend for tests that keeps, beside the live mapping, the
+//! image the media would hold if the machine crashed now.
+//!
+//! A store reaches that *durable* image only when the hardware would
+//! guarantee it: a cached store once its cache line was flushed and a fence
+//! followed, a non-temporal store once a fence followed. Everything else is
+//! *in flight*: it may or may not have reached the media at a crash, because
+//! caches write lines back whenever they like. At any moment the allowed crash
+//! images are the durable image plus, for every cache line, some prefix (in
+//! program order) of that line's in-flight stores; [`CrashPoint::images`]
+//! builds them, and [`Recorder::on_fence`] hands a test every fence.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use parking_lot::Mutex;
+
+use super::mapping::Media;
+use super::persist::Persist;
+use super::CACHE_LINE;
+use crate::Result;
+
+/// What state an in-flight store is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlightKind {
+    /// A cached store whose line was not flushed since.
+    Stored,
+    /// A cached store whose line was flushed, waiting for a fence.
+    Flushed,
+    /// A non-temporal store waiting for a fence.
+    NonTemporal,
+}
+
+/// A store that is not yet guaranteed persistent. Stores are split at cache
+/// line boundaries, so `bytes` never crosses a line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    /// Program order of the store (increasing across the recorder's life).
+    pub seq: u64,
+    /// Offset of the first byte in the region.
+    pub offset: usize,
+    /// The bytes stored.
+    pub bytes: Vec<u8>,
+    /// Its state.
+    pub kind: InFlightKind,
+}
+
+impl InFlight {
+    fn line(&self) -> usize {
+        self.offset / CACHE_LINE
+    }
+}
+
+/// The media as seen at one fence, just before the fence takes effect.
+#[derive(Debug)]
+pub struct CrashPoint<'a> {
+    /// How many fences came before this one.
+    pub fence: u64,
+    /// Bytes guaranteed on the media.
+    pub durable: &'a [u8],
+    /// Stores that may or may not be on the media.
+    pub in_flight: &'a [InFlight],
+}
+
+impl CrashPoint<'_> {
+    /// Number of distinct crash images this point allows (saturating).
+    pub fn image_count(&self) -> u64 {
+        lines(self.in_flight)
+            .values()
+            .fold(1u64, |n, stores| n.saturating_mul(stores.len() as u64 + 1))
+    }
+
+    /// Every crash image the hardware allows here, or `None` if there are
+    /// more than `limit` of them.
+    pub fn images(&self, limit: u64) -> Option<Vec<Vec<u8>>> {
+        if self.image_count() > limit {
+            return None;
+        }
+        let lines: Vec<Vec<&InFlight>> = lines(self.in_flight).into_values().collect();
+        let mut images = Vec::new();
+        // An odometer over "how many of each line's stores landed".
+        let mut landed = vec![0usize; lines.len()];
+        loop {
+            let mut image = self.durable.to_vec();
+            for (stores, &n) in lines.iter().zip(&landed) {
+                for s in &stores[..n] {
+                    image[s.offset..s.offset + s.bytes.len()].copy_from_slice(&s.bytes);
+                }
+            }
+            images.push(image);
+            let mut i = 0;
+            loop {
+                if i == lines.len() {
+                    return Some(images);
+                }
+                landed[i] += 1;
+                if landed[i] <= lines[i].len() {
+                    break;
+                }
+                landed[i] = 0;
+                i += 1;
+            }
+        }
+    }
+}
+
+/// In-flight stores grouped by cache line, each group in program order.
+fn lines(in_flight: &[InFlight]) -> BTreeMap<usize, Vec<&InFlight>> {
+    let mut by_line: BTreeMap<usize, Vec<&InFlight>> = BTreeMap::new();
+    for s in in_flight {
+        by_line.entry(s.line()).or_default().push(s);
+    }
+    for stores in by_line.values_mut() {
+        stores.sort_by_key(|s| s.seq);
+    }
+    by_line
+}
+
+type FenceHook = Box<dyn FnMut(&CrashPoint<'_>) + Send>;
+
+/// The recording backend. Attach it to one region
+/// ([`Region::create_with`](super::Region::create_with) or
+/// [`Region::open_with`](super::Region::open_with)).
+pub struct Recorder {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    durable: Vec<u8>,
+    in_flight: Vec<InFlight>,
+    next_seq: u64,
+    fences: u64,
+    hook: Option<FenceHook>,
+}
+
+impl fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("Recorder")
+            .field("size", &s.durable.len())
+            .field("in_flight", &s.in_flight.len())
+            .field("fences", &s.fences)
+            .finish()
+    }
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder::new()
+    }
+}
+
+impl Recorder {
+    /// A recorder with an empty media; [`Persist::attach`] fills it.
+    pub fn new() -> Recorder {
+        Recorder {
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The image the media would hold after a crash now in which no in-flight
+    /// store made it.
+    pub fn durable_image(&self) -> Vec<u8> {
+        self.state.lock().durable.clone()
+    }
+
+    /// The stores not yet guaranteed persistent, in program order.
+    pub fn in_flight(&self) -> Vec<InFlight> {
+        self.state.lock().in_flight.clone()
+    }
+
+    /// Number of fences so far.
+    pub fn fences(&self) -> u64 {
+        self.state.lock().fences
+    }
+
+    /// Calls `hook` at every fence, before the fence takes effect, with the
+    /// crash point it ends. The hook runs under the recorder's lock: it must
+    /// not call back into the recorder or the region.
+    pub fn on_fence(&self, hook: impl FnMut(&CrashPoint<'_>) + Send + 'static) {
+        self.state.lock().hook = Some(Box::new(hook));
+    }
+
+    /// Calls `f` with the crash point as it stands now.
+    pub fn with_crash_point<R>(&self, f: impl FnOnce(&CrashPoint<'_>) -> R) -> R {
+        let s = self.state.lock();
+        f(&CrashPoint {
+            fence: s.fences,
+            durable: &s.durable,
+            in_flight: &s.in_flight,
+        })
+    }
+
+    fn record(&self, offset: usize, bytes: &[u8], kind: InFlightKind) {
+        let mut s = self.state.lock();
+        let mut at = 0;
+        while at < bytes.len() {
+            let off = offset + at;
+            let line_end = (off / CACHE_LINE + 1) * CACHE_LINE;
+            let n = (line_end - off).min(bytes.len() - at);
+            let seq = s.next_seq;
+            s.next_seq += 1;
+            s.in_flight.push(InFlight {
+                seq,
+                offset: off,
+                bytes: bytes[at..at + n].to_vec(),
+                kind,
+            });
+            at += n;
+        }
+    }
+}
+
+impl Persist for Recorder {
+    fn name(&self) -> String {
+        "recorder".into()
+    }
+
+    fn attach(&self, media: Media<'_>) {
+        let mut image = vec![0u8; media.len()];
+        // Reading the whole mapping back cannot fail: the range is the mapping.
+        if media.read(0, &mut image).is_ok() {
+            let mut s = self.state.lock();
+            s.durable = image;
+            s.in_flight.clear();
+        }
+    }
+
+    fn store(&self, media: Media<'_>, offset: usize, data: &[u8]) -> Result<()> {
+        media.copy_in(offset, data)?;
+        self.record(offset, data, InFlightKind::Stored);
+        Ok(())
+    }
+
+    fn fill(&self, media: Media<'_>, offset: usize, len: usize, byte: u8) -> Result<()> {
+        media.fill(offset, len, byte)?;
+        self.record(offset, &vec![byte; len], InFlightKind::Stored);
+        Ok(())
+    }
+
+    fn store_u64(
+        &self,
+        media: Media<'_>,
+        offset: usize,
+        value: u64,
+        order: Ordering,
+    ) -> Result<()> {
+        media.store_u64(offset, value, order)?;
+        self.record(offset, &value.to_le_bytes(), InFlightKind::Stored);
+        Ok(())
+    }
+
+    fn store_nt(&self, media: Media<'_>, offset: usize, data: &[u8]) -> Result<()> {
+        // The live mapping only needs the bytes; the recorder models the
+        // non-temporal semantics itself.
+        media.copy_in(offset, data)?;
+        self.record(offset, data, InFlightKind::NonTemporal);
+        Ok(())
+    }
+
+    fn flush(&self, media: Media<'_>, offset: usize, len: usize) -> Result<()> {
+        media.check(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let first = offset / CACHE_LINE;
+        let last = (offset + len - 1) / CACHE_LINE;
+        let mut s = self.state.lock();
+        for st in s.in_flight.iter_mut() {
+            if st.kind == InFlightKind::Stored && (first..=last).contains(&st.line()) {
+                st.kind = InFlightKind::Flushed;
+            }
+        }
+        Ok(())
+    }
+
+    fn fence(&self) {
+        let mut guard = self.state.lock();
+        let s = &mut *guard;
+        if let Some(hook) = s.hook.as_mut() {
+            hook(&CrashPoint {
+                fence: s.fences,
+                durable: &s.durable,
+                in_flight: &s.in_flight,
+            });
+        }
+        s.fences += 1;
+        let (done, still): (Vec<InFlight>, Vec<InFlight>) = std::mem::take(&mut s.in_flight)
+            .into_iter()
+            .partition(|st| st.kind != InFlightKind::Stored);
+        for st in done {
+            s.durable[st.offset..st.offset + st.bytes.len()].copy_from_slice(&st.bytes);
+        }
+        s.in_flight = still;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::pm::Region;
+
+    fn region(dir: &tempfile::TempDir) -> (Region, Arc<Recorder>) {
+        let rec = Arc::new(Recorder::new());
+        let r =
+            Region::create_with(&dir.path().join("img"), 64 * 1024, false, rec.clone()).unwrap();
+        (r, rec)
+    }
+
+    #[test]
+    fn unflushed_store_is_absent_from_the_crash_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        r.write(100, b"hello").unwrap();
+        r.fence();
+        assert_eq!(&rec.durable_image()[100..105], &[0; 5]);
+        let f = rec.in_flight();
+        assert_eq!(f.len(), 1);
+        assert_eq!((f[0].offset, f[0].kind), (100, InFlightKind::Stored));
+        // The live mapping has it all along.
+        let mut buf = [0u8; 5];
+        r.read(100, &mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+    }
+
+    #[test]
+    fn flushed_and_fenced_store_is_present() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        r.write(4000, b"durable").unwrap();
+        r.flush(4000, 7).unwrap();
+        // Flushed but not fenced: in flight, not durable.
+        assert_eq!(&rec.durable_image()[4000..4007], &[0; 7]);
+        let f = rec.in_flight();
+        assert!(f.iter().all(|s| s.kind == InFlightKind::Flushed));
+        assert_eq!(f.iter().map(|s| s.bytes.len()).sum::<usize>(), 7);
+        r.fence();
+        assert_eq!(&rec.durable_image()[4000..4007], b"durable");
+        assert!(rec.in_flight().is_empty());
+    }
+
+    #[test]
+    fn stores_are_split_at_cache_lines_and_flushes_cover_whole_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        // 100 bytes at 60 touch lines 0, 1 and 2.
+        r.write(60, &[9u8; 100]).unwrap();
+        assert_eq!(rec.in_flight().len(), 3);
+        // Flushing one byte of line 1 flushes the whole line 1 and only it.
+        r.flush(64 + 10, 1).unwrap();
+        r.fence();
+        let d = rec.durable_image();
+        assert_eq!(&d[64..128], &[9u8; 64]);
+        assert_eq!(&d[60..64], &[0u8; 4]);
+        assert_eq!(&d[128..160], &[0u8; 32]);
+        assert_eq!(rec.in_flight().len(), 2);
+    }
+
+    #[test]
+    fn a_flush_persists_only_the_stores_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        r.write(0, &[1]).unwrap();
+        r.flush(0, 1).unwrap();
+        r.write(1, &[2]).unwrap();
+        r.fence();
+        assert_eq!(&rec.durable_image()[..2], &[1, 0]);
+        assert_eq!(rec.in_flight()[0].offset, 1);
+    }
+
+    #[test]
+    fn non_temporal_store_needs_only_a_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        r.write_nt(8192, &[5u8; 4096]).unwrap();
+        assert!(rec
+            .in_flight()
+            .iter()
+            .all(|s| s.kind == InFlightKind::NonTemporal));
+        assert_eq!(rec.durable_image()[8192], 0);
+        r.fence();
+        assert_eq!(&rec.durable_image()[8192..12288], &[5u8; 4096][..]);
+    }
+
+    #[test]
+    fn crash_images_are_every_per_line_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        // Line 0: two stores in order; line 2: one store.
+        r.write(0, &[1]).unwrap();
+        r.write(0, &[2]).unwrap();
+        r.write(128, &[3]).unwrap();
+        let images = rec.with_crash_point(|cp| {
+            assert_eq!(cp.image_count(), 3 * 2);
+            assert!(cp.images(5).is_none());
+            cp.images(6).unwrap()
+        });
+        let mut seen: Vec<(u8, u8)> = images.iter().map(|i| (i[0], i[128])).collect();
+        seen.sort();
+        assert_eq!(seen, vec![(0, 0), (0, 3), (1, 0), (1, 3), (2, 0), (2, 3)]);
+    }
+
+    #[test]
+    fn the_fence_hook_sees_what_is_in_flight_at_each_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let s = seen.clone();
+        rec.on_fence(move |cp| {
+            s.lock()
+                .push((cp.fence, cp.in_flight.len(), cp.image_count()))
+        });
+        r.write(0, &[1]).unwrap();
+        r.flush(0, 1).unwrap();
+        r.fence();
+        r.write(64, &[1]).unwrap();
+        r.write(128, &[1]).unwrap();
+        r.fence();
+        assert_eq!(*seen.lock(), vec![(0, 1, 2), (1, 2, 4)]);
+        assert_eq!(rec.fences(), 2);
+    }
+
+    #[test]
+    fn out_of_range_operations_are_refused_and_not_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        assert!(r.write(64 * 1024 - 2, &[0; 4]).is_err());
+        assert!(r.flush(u64::MAX - 1, 10).is_err());
+        assert!(r.write_nt(1 << 40, &[1]).is_err());
+        assert!(rec.in_flight().is_empty());
+    }
+}

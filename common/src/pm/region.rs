@@ -1,0 +1,568 @@
+//! A region: the image file (or DAX device) mapped into memory, locked
+//! against a second opener. Kfs holds the one writable [`Region`]; clients
+//! and read-only tools hold a [`RegionView`].
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rustix::fs::{flock, FlockOperation};
+use rustix::io::Errno;
+use rustix::mm::{mmap, MapFlags, ProtFlags};
+
+use super::mapping::{Mapping, Media};
+use super::persist::{Hardware, Persist};
+use crate::{Error, Result};
+
+/// How the region is mapped, which decides what survives a power failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapMode {
+    /// Persistent memory mapped with `MAP_SYNC`: flushed and fenced stores
+    /// survive power loss.
+    Dax,
+    /// An ordinary file (e.g. under `/dev/shm`) standing in for persistent
+    /// memory: the same code paths, but the bytes only survive what the
+    /// backing file survives (a process crash, not a power loss on tmpfs).
+    Emulated,
+}
+
+impl fmt::Display for MapMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MapMode::Dax => "DAX (MAP_SYNC)",
+            MapMode::Emulated => "emulated (ordinary file mapping)",
+        })
+    }
+}
+
+/// The writable mapping of an image, held by Kfs. All stores go through its
+/// [`Persist`] backend.
+pub struct Region {
+    path: PathBuf,
+    /// Kept open: it holds the exclusive lock for the region's lifetime.
+    _file: File,
+    map: Mapping,
+    mode: MapMode,
+    persist: Arc<dyn Persist>,
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Region")
+            .field("path", &self.path)
+            .field("len", &self.map.len())
+            .field("mode", &self.mode)
+            .field("persist", &self.persist)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Creates an image of `size` bytes at `path` (a new file, or an existing
+    /// one if `force`), locks and maps it. A block or DAX device must already
+    /// be at least `size` bytes and is always reused: devices cannot be
+    /// created, so `force` is implied for them.
+    pub fn create(path: &Path, size: u64, force: bool) -> Result<Region> {
+        Region::create_with(path, size, force, Arc::new(Hardware::new()))
+    }
+
+    /// [`Region::create`] with a chosen persistence backend.
+    pub fn create_with(
+        path: &Path,
+        size: u64,
+        force: bool,
+        persist: Arc<dyn Persist>,
+    ) -> Result<Region> {
+        let exists = path.exists();
+        let device = is_device(path);
+        if exists && !force && !device {
+            return Err(Error::Exists { path: path.into() });
+        }
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        if !exists {
+            opts.create_new(true).mode(0o600);
+        }
+        let file = opts
+            .open(path)
+            .map_err(|e| Error::io("create image", path, e))?;
+        lock(&file, path, FlockOperation::NonBlockingLockExclusive)?;
+        if device {
+            let have = device_len(&file, path)?;
+            if have < size {
+                return Err(Error::Unusable {
+                    path: path.into(),
+                    why: format!("the device holds {have} bytes, fewer than the {size} asked for"),
+                });
+            }
+        } else {
+            // Truncating to zero first drops the old contents, so the new
+            // image reads as zeros and stays sparse.
+            file.set_len(0)
+                .and_then(|()| file.set_len(size))
+                .map_err(|e| Error::io("resize image", path, e))?;
+        }
+        Region::map(path, file, size, persist)
+    }
+
+    /// Opens an existing image: exclusive lock, read-write mapping of its
+    /// whole length.
+    pub fn open(path: &Path) -> Result<Region> {
+        Region::open_with(path, Arc::new(Hardware::new()))
+    }
+
+    /// [`Region::open`] with a chosen persistence backend.
+    pub fn open_with(path: &Path, persist: Arc<dyn Persist>) -> Result<Region> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io("open image", path, e))?;
+        lock(&file, path, FlockOperation::NonBlockingLockExclusive)?;
+        let len = image_len(&file, path)?;
+        Region::map(path, file, len, persist)
+    }
+
+    fn map(path: &Path, file: File, len: u64, persist: Arc<dyn Persist>) -> Result<Region> {
+        let (map, mode) = map_file(&file, path, len, true)?;
+        let region = Region {
+            path: path.into(),
+            _file: file,
+            map,
+            mode,
+            persist,
+        };
+        region.persist.attach(region.media());
+        Ok(region)
+    }
+
+    fn media(&self) -> Media<'_> {
+        // Regions are always mapped writable (`map` passes `true`).
+        self.map
+            .media()
+            .expect("a Region's mapping is writable by construction")
+    }
+
+    /// The image's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Length of the mapping in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// True if the mapping is empty (never: mapping an empty file fails).
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// Whether the region is real persistent memory or emulated.
+    pub fn mode(&self) -> MapMode {
+        self.mode
+    }
+
+    /// The persistence backend's name ("clwb", "recorder", ...).
+    pub fn persist_name(&self) -> String {
+        self.persist.name()
+    }
+
+    /// Copies bytes at `offset` out of the region.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.map.read(offset, buf)
+    }
+
+    /// Atomically loads the aligned 8-byte word at `offset`.
+    pub fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
+        self.map.load_u64(offset, order)
+    }
+
+    /// Ordinary store of `data` at `offset`; persistent only after
+    /// [`flush`](Self::flush) and [`fence`](Self::fence).
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let at = self.map.check(offset, data.len())?;
+        self.persist.store(self.media(), at, data)
+    }
+
+    /// Ordinary store of `len` copies of `byte` at `offset`.
+    pub fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<()> {
+        let n = usize::try_from(len).map_err(|_| Error::OutOfBounds {
+            offset,
+            len,
+            size: self.len(),
+        })?;
+        let at = self.map.check(offset, n)?;
+        self.persist.fill(self.media(), at, n, byte)
+    }
+
+    /// Atomic store of the aligned 8-byte word at `offset`.
+    pub fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<()> {
+        let at = self.map.check(offset, 8)?;
+        self.persist.store_u64(self.media(), at, value, order)
+    }
+
+    /// Non-temporal store of `data` at `offset`: persistent after the next
+    /// [`fence`](Self::fence) with no flush needed.
+    pub fn write_nt(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let at = self.map.check(offset, data.len())?;
+        self.persist.store_nt(self.media(), at, data)
+    }
+
+    /// Starts writing back the cache lines overlapping the range.
+    pub fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        let n = usize::try_from(len).map_err(|_| Error::OutOfBounds {
+            offset,
+            len,
+            size: self.len(),
+        })?;
+        let at = self.map.check(offset, n)?;
+        self.persist.flush(self.media(), at, n)
+    }
+
+    /// Waits until every earlier flush and non-temporal store is persistent.
+    pub fn fence(&self) {
+        self.persist.fence();
+    }
+
+    /// Flush and fence: the range is persistent on return.
+    pub fn persist(&self, offset: u64, len: u64) -> Result<()> {
+        self.flush(offset, len)?;
+        self.fence();
+        Ok(())
+    }
+
+    /// Store, flush and fence: `data` is persistent at `offset` on return.
+    pub fn write_persist(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data)?;
+        self.persist(offset, data.len() as u64)
+    }
+
+    /// A second, read-only mapping of the same image, as a client maps it.
+    pub fn view(&self) -> Result<RegionView> {
+        let file = OpenOptions::new()
+            .read(true)
+            .open(&self.path)
+            .map_err(|e| Error::io("open image read-only", &self.path, e))?;
+        let (map, mode) = map_file(&file, &self.path, self.len(), false)?;
+        Ok(RegionView {
+            path: self.path.clone(),
+            _file: None,
+            map,
+            mode,
+        })
+    }
+}
+
+/// A read-only mapping of an image: what a client maps, and what read-only
+/// tools (`info`, `fsck`) open. Any store through its address faults.
+#[derive(Debug)]
+pub struct RegionView {
+    path: PathBuf,
+    /// For a view opened on its own: holds a shared lock, so that no Kfs
+    /// opens the image while a tool reads it.
+    _file: Option<File>,
+    map: Mapping,
+    mode: MapMode,
+}
+
+impl RegionView {
+    /// Opens an image read-only for inspection, under a shared lock (fails
+    /// with [`Error::Locked`] while a Kfs has it open).
+    pub fn open(path: &Path) -> Result<RegionView> {
+        let file = OpenOptions::new()
+            .read(true)
+            .open(path)
+            .map_err(|e| Error::io("open image", path, e))?;
+        lock(&file, path, FlockOperation::NonBlockingLockShared)?;
+        let len = image_len(&file, path)?;
+        let (map, mode) = map_file(&file, path, len, false)?;
+        Ok(RegionView {
+            path: path.into(),
+            _file: Some(file),
+            map,
+            mode,
+        })
+    }
+
+    /// The image's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Length of the mapping in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// True if the mapping is empty (never: mapping an empty file fails).
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// Whether the image is real persistent memory or emulated.
+    pub fn mode(&self) -> MapMode {
+        self.mode
+    }
+
+    /// Copies bytes at `offset` out of the image.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.map.read(offset, buf)
+    }
+
+    /// Atomically loads the aligned 8-byte word at `offset`.
+    pub fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
+        self.map.load_u64(offset, order)
+    }
+
+    /// The virtual address of the mapping in this process. It is never
+    /// dereferenced by this crate outside the mapping module; it exists so
+    /// that tests can play a buggy application's stray store and check that
+    /// it faults.
+    pub fn address(&self) -> usize {
+        self.map.addr()
+    }
+}
+
+fn lock(file: &File, path: &Path, op: FlockOperation) -> Result<()> {
+    match flock(file, op) {
+        Ok(()) => Ok(()),
+        Err(Errno::WOULDBLOCK) => Err(Error::Locked { path: path.into() }),
+        Err(e) => Err(Error::io("lock image", path, e.into())),
+    }
+}
+
+fn is_device(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .map(|m| m.file_type().is_block_device() || m.file_type().is_char_device())
+        .unwrap_or(false)
+}
+
+/// The usable length of an image: a regular file's size, a block device's
+/// capacity, or a DAX character device's size from sysfs.
+fn image_len(file: &File, path: &Path) -> Result<u64> {
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("stat image", path, e))?;
+    let ft = meta.file_type();
+    let len = if ft.is_file() {
+        meta.len()
+    } else if ft.is_block_device() || ft.is_char_device() {
+        device_len(file, path)?
+    } else {
+        return Err(Error::Unusable {
+            path: path.into(),
+            why: "not a regular file, block device or DAX device".into(),
+        });
+    };
+    if len == 0 {
+        return Err(Error::Unusable {
+            path: path.into(),
+            why: "the image is empty".into(),
+        });
+    }
+    Ok(len)
+}
+
+fn device_len(file: &File, path: &Path) -> Result<u64> {
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("stat device", path, e))?;
+    if meta.file_type().is_block_device() {
+        use std::io::Seek;
+        let mut f = file;
+        return f
+            .seek(io::SeekFrom::End(0))
+            .map_err(|e| Error::io("size block device", path, e));
+    }
+    // A device-DAX character device publishes its size in sysfs.
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let sys = format!("/sys/dev/char/{major}:{minor}/size");
+    std::fs::read_to_string(&sys)
+        .map_err(|e| Error::io("read device size from sysfs for", path, e))?
+        .trim()
+        .parse()
+        .map_err(|_| Error::Unusable {
+            path: path.into(),
+            why: format!("{sys} does not hold a size"),
+        })
+}
+
+/// Maps `len` bytes of `file`: with `MAP_SYNC` when the kernel accepts it for
+/// this file (DAX), else as an ordinary shared mapping.
+fn map_file(file: &File, path: &Path, len: u64, writable: bool) -> Result<(Mapping, MapMode)> {
+    let len = usize::try_from(len).map_err(|_| Error::Unusable {
+        path: path.into(),
+        why: format!("{len} bytes do not fit in this address space"),
+    })?;
+    let prot = if writable {
+        ProtFlags::READ | ProtFlags::WRITE
+    } else {
+        ProtFlags::READ
+    };
+    // SAFETY: a fresh mapping chosen by the kernel (null hint) aliases no Rust
+    // object; ownership of it passes to `Mapping` below.
+    let sync = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            MapFlags::SHARED_VALIDATE | MapFlags::SYNC,
+            file,
+            0,
+        )
+    };
+    let (ptr, mode) = match sync {
+        Ok(p) => (p, MapMode::Dax),
+        // Not DAX (EOPNOTSUPP), or a kernel without MAP_SYNC (EINVAL).
+        Err(Errno::OPNOTSUPP | Errno::INVAL) => {
+            // SAFETY: as above.
+            let p = unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, file, 0) }
+                .map_err(|e| Error::io("map image", path, e.into()))?;
+            (p, MapMode::Emulated)
+        }
+        Err(e) => return Err(Error::io("map image", path, e.into())),
+    };
+    let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| Error::Unusable {
+        path: path.into(),
+        why: "the kernel mapped the image at address zero".into(),
+    })?;
+    // SAFETY: `ptr` is the start of the live `len`-byte mapping just made with
+    // `prot`; nothing else holds it.
+    let map = unsafe { Mapping::from_raw(ptr, len, writable) };
+    Ok((map, mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shm_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("kucofs-region-")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_second_opener_gets_a_clear_error_naming_the_image() {
+        let dir = shm_dir();
+        let path = dir.path().join("img");
+        let _r = Region::create(&path, 1 << 20, false).unwrap();
+        let err = Region::open(&path).unwrap_err();
+        assert!(matches!(err, Error::Locked { .. }), "{err:?}");
+        assert!(err.to_string().contains(&*path.to_string_lossy()), "{err}");
+        assert_eq!(err.errno(), libc::EBUSY);
+        // Read-only tools are kept out too while Kfs holds it.
+        assert!(matches!(
+            RegionView::open(&path).unwrap_err(),
+            Error::Locked { .. }
+        ));
+        // A second create --force must not truncate an image in use.
+        assert!(matches!(
+            Region::create(&path, 1 << 20, true).unwrap_err(),
+            Error::Locked { .. }
+        ));
+    }
+
+    #[test]
+    fn the_lock_is_released_on_drop() {
+        let dir = shm_dir();
+        let path = dir.path().join("img");
+        drop(Region::create(&path, 1 << 20, false).unwrap());
+        drop(Region::open(&path).unwrap());
+        let v1 = RegionView::open(&path).unwrap();
+        // Shared locks coexist.
+        let _v2 = RegionView::open(&path).unwrap();
+        drop(v1);
+    }
+
+    #[test]
+    fn create_refuses_an_existing_file_unless_forced() {
+        let dir = shm_dir();
+        let path = dir.path().join("img");
+        std::fs::write(&path, b"precious").unwrap();
+        let err = Region::create(&path, 1 << 20, false).unwrap_err();
+        assert!(matches!(err, Error::Exists { .. }));
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+        let r = Region::create(&path, 1 << 20, true).unwrap();
+        assert_eq!(r.len(), 1 << 20);
+        let mut head = [0xffu8; 8];
+        r.read(0, &mut head).unwrap();
+        assert_eq!(head, [0u8; 8], "a forced create starts from zeros");
+    }
+
+    #[test]
+    fn a_file_under_dev_shm_is_emulated_and_views_see_writes() {
+        let dir = shm_dir();
+        let r = Region::create(&dir.path().join("img"), 1 << 20, false).unwrap();
+        assert_eq!(r.mode(), MapMode::Emulated);
+        let v = r.view().unwrap();
+        assert_eq!(v.len(), r.len());
+        r.write_persist(12345, b"shared").unwrap();
+        let mut buf = [0u8; 6];
+        v.read(12345, &mut buf).unwrap();
+        assert_eq!(&buf, b"shared");
+        r.store_u64(64, 0xdead_beef, Ordering::Release).unwrap();
+        assert_eq!(v.load_u64(64, Ordering::Acquire).unwrap(), 0xdead_beef);
+        assert_ne!(v.address(), 0);
+    }
+
+    #[test]
+    fn accesses_are_bounds_and_alignment_checked() {
+        let dir = shm_dir();
+        let r = Region::create(&dir.path().join("img"), 1 << 20, false).unwrap();
+        let mut buf = [0u8; 16];
+        assert!(matches!(
+            r.read((1 << 20) - 8, &mut buf),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.read(u64::MAX, &mut buf),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.write(u64::MAX - 3, &buf),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.fill(10, u64::MAX, 0),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            r.load_u64(4, Ordering::Relaxed),
+            Err(Error::Misaligned { .. })
+        ));
+        assert!(matches!(
+            r.store_u64(1 << 20, 1, Ordering::Relaxed),
+            Err(Error::OutOfBounds { .. })
+        ));
+        // Reads and writes that end exactly at the end are fine.
+        r.write((1 << 20) - 16, &buf).unwrap();
+        r.read((1 << 20) - 16, &mut buf).unwrap();
+    }
+
+    #[test]
+    fn empty_and_odd_images_are_refused_with_a_reason() {
+        let dir = shm_dir();
+        let path = dir.path().join("empty");
+        std::fs::write(&path, b"").unwrap();
+        let err = Region::open(&path).unwrap_err();
+        assert!(matches!(err, Error::Unusable { .. }), "{err:?}");
+        assert!(err.to_string().contains("empty"));
+        let err = Region::open(dir.path()).unwrap_err();
+        assert!(
+            matches!(err, Error::Io { .. } | Error::Unusable { .. }),
+            "{err:?}"
+        );
+        let err = Region::open(&dir.path().join("missing")).unwrap_err();
+        assert_eq!(err.errno(), libc::ENOENT);
+    }
+}

@@ -1,0 +1,410 @@
+//! Making, opening and inspecting images: mkfs, superblock selection, and
+//! the read-only report behind `kucofs info`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kucofs_common::format::{
+    scan_log, Geometry, GeometryError, Superblock, SuperblockFault, FORMAT_VERSION, PAGE_SIZE,
+    SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+};
+use kucofs_common::pm::{Hardware, MapMode, Persist, Region, RegionView};
+use kucofs_common::size::format_size;
+
+use crate::{Error, Result};
+
+/// Which superblock copy an image was opened from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copy {
+    /// Page 0.
+    A,
+    /// Page 1.
+    B,
+}
+
+/// An open, validated image: the writable region and its current superblock.
+#[derive(Debug)]
+pub struct Image {
+    region: Region,
+    superblock: Superblock,
+    copy: Copy,
+}
+
+/// Formats `path` as an empty KucoFS of `size` bytes (rounded down to whole
+/// pages) and returns its superblock. Refuses an existing file unless
+/// `force`, and sizes outside the format's range.
+pub fn mkfs(path: &Path, size: u64, force: bool) -> Result<Superblock> {
+    mkfs_with(path, size, force, Arc::new(Hardware::new()))
+}
+
+/// [`mkfs`] with a chosen persistence backend.
+pub fn mkfs_with(
+    path: &Path,
+    size: u64,
+    force: bool,
+    persist: Arc<dyn Persist>,
+) -> Result<Superblock> {
+    let geometry = Geometry::for_size(size).map_err(|e| match e {
+        GeometryError::TooSmall { size, min } => kucofs_common::Error::TooSmall {
+            path: path.into(),
+            size,
+            min,
+        },
+        GeometryError::TooLarge { size, max } => kucofs_common::Error::TooLarge {
+            path: path.into(),
+            size,
+            max,
+        },
+        GeometryError::Inconsistent(why) => kucofs_common::Error::Unusable {
+            path: path.into(),
+            why: why.into(),
+        },
+    })?;
+    let region = Region::create_with(path, geometry.size, force, persist)?;
+    // A reused device (or a file that kept its blocks) may hold an old
+    // image: clear the superblock pages, the log (old entries must never
+    // replay) and the bitmap. Checkpoint slots need no clearing: none is
+    // referenced until a checkpoint is written.
+    let clear = [
+        (0, SUPERBLOCK_OFFSETS[1] + PAGE_SIZE),
+        (geometry.log.offset(), geometry.log.len()),
+        (geometry.bitmap.offset(), geometry.bitmap.len()),
+    ];
+    for (offset, len) in clear {
+        region.fill(offset, len, 0)?;
+        region.flush(offset, len)?;
+    }
+    region.fence();
+    let superblock = Superblock {
+        seq: 1,
+        compat: 0,
+        incompat: 0,
+        clean: true,
+        uuid: new_uuid(),
+        created_ns: now_ns(),
+        geometry,
+        checkpoint: None,
+        log_seq: 1,
+    };
+    write_superblock(&region, &superblock)?;
+    Ok(superblock)
+}
+
+/// Writes both superblock copies, A then B, each persisted before the next:
+/// a crash during either leaves the other one valid.
+fn write_superblock(region: &Region, sb: &Superblock) -> Result<()> {
+    let bytes = sb.encode();
+    for offset in SUPERBLOCK_OFFSETS {
+        region.write_persist(offset, &bytes)?;
+    }
+    Ok(())
+}
+
+/// Reads both superblock copies through `read` (which copies bytes at an
+/// offset, as far as the image has them) and picks the one to use.
+fn select_superblock(
+    path: &Path,
+    len: u64,
+    read: impl Fn(u64, &mut [u8]) -> kucofs_common::Result<()>,
+) -> Result<(Superblock, Copy)> {
+    let decode = |offset: u64| -> Result<Result<Superblock, SuperblockFault>> {
+        let mut buf = [0u8; SUPERBLOCK_SIZE];
+        // A short image holds part of a copy or none of it; the missing bytes
+        // stay zero, which fails the magic or the checksum.
+        let have = len.saturating_sub(offset).min(SUPERBLOCK_SIZE as u64) as usize;
+        if have > 0 {
+            read(offset, &mut buf[..have])?;
+        }
+        Ok(Superblock::decode(&buf))
+    };
+    let a = decode(SUPERBLOCK_OFFSETS[0])?;
+    let b = decode(SUPERBLOCK_OFFSETS[1])?;
+    // An intact copy written by a newer build wins over an older valid one:
+    // using the older copy would roll the file system back.
+    for copy in [&a, &b] {
+        match copy {
+            Err(SuperblockFault::UnsupportedVersion(version)) => {
+                return Err(Error::UnsupportedVersion {
+                    path: path.into(),
+                    version: *version,
+                    supported: FORMAT_VERSION,
+                })
+            }
+            Err(SuperblockFault::UnsupportedFeatures(bits)) => {
+                return Err(Error::UnsupportedFeatures {
+                    path: path.into(),
+                    bits: *bits,
+                })
+            }
+            _ => {}
+        }
+    }
+    let chosen = match (a, b) {
+        (Ok(a), Ok(b)) if b.seq > a.seq => (b, Copy::B),
+        (Ok(a), _) => (a, Copy::A),
+        (Err(_), Ok(b)) => (b, Copy::B),
+        (Err(SuperblockFault::NoMagic), Err(SuperblockFault::NoMagic)) => {
+            return Err(Error::NotKucofs { path: path.into() })
+        }
+        (Err(a), Err(b)) => {
+            return Err(Error::BothCorrupt {
+                path: path.into(),
+                a,
+                b,
+            })
+        }
+    };
+    if len < chosen.0.geometry.size {
+        return Err(Error::TooShort {
+            path: path.into(),
+            len,
+            needed: chosen.0.geometry.size,
+        });
+    }
+    Ok(chosen)
+}
+
+impl Image {
+    /// Opens and validates an image for exclusive use: both superblock
+    /// copies are checked and the newer valid one is used.
+    pub fn open(path: &Path) -> Result<Image> {
+        Image::open_with(path, Arc::new(Hardware::new()))
+    }
+
+    /// [`Image::open`] with a chosen persistence backend.
+    pub fn open_with(path: &Path, persist: Arc<dyn Persist>) -> Result<Image> {
+        let region = Region::open_with(path, persist)?;
+        let (superblock, copy) =
+            select_superblock(path, region.len(), |off, buf| region.read(off, buf))?;
+        Ok(Image {
+            region,
+            superblock,
+            copy,
+        })
+    }
+
+    /// The writable region.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// The superblock in force.
+    pub fn superblock(&self) -> &Superblock {
+        &self.superblock
+    }
+
+    /// The copy it was read from.
+    pub fn copy(&self) -> Copy {
+        self.copy
+    }
+
+    /// Records whether the file system is cleanly unmounted: cleared while a
+    /// Kfs has it open, set at a clean close.
+    pub fn set_clean(&mut self, clean: bool) -> Result<()> {
+        let mut sb = self.superblock.clone();
+        sb.clean = clean;
+        self.update_superblock(sb)
+    }
+
+    /// Makes `sb` (with the next sequence number) the superblock in force.
+    pub fn update_superblock(&mut self, mut sb: Superblock) -> Result<()> {
+        sb.seq = self.superblock.seq + 1;
+        write_superblock(&self.region, &sb)?;
+        self.superblock = sb;
+        self.copy = Copy::A;
+        Ok(())
+    }
+}
+
+/// What `kucofs info` reports about an image.
+#[derive(Debug, Clone)]
+pub struct ImageReport {
+    /// The image's path.
+    pub path: PathBuf,
+    /// Bytes in the image file or device.
+    pub image_len: u64,
+    /// The superblock in force.
+    pub superblock: Superblock,
+    /// Which copy that is, and whether the other one is valid too.
+    pub copy: Copy,
+    /// Whether the other copy is valid.
+    pub other_copy_valid: bool,
+    /// Data pages marked in use in the bitmap.
+    pub used_pages: u64,
+    /// Valid entries in the operation log.
+    pub log_entries: u64,
+    /// Bytes those entries occupy.
+    pub log_bytes: u64,
+    /// How the image maps.
+    pub mode: MapMode,
+}
+
+/// Reads an image without changing it and reports on it. Fails while a Kfs
+/// has the image open.
+pub fn inspect(path: &Path) -> Result<ImageReport> {
+    let view = RegionView::open(path)?;
+    let (sb, copy) = select_superblock(path, view.len(), |off, buf| view.read(off, buf))?;
+    let g = sb.geometry;
+    let other = match copy {
+        Copy::A => SUPERBLOCK_OFFSETS[1],
+        Copy::B => SUPERBLOCK_OFFSETS[0],
+    };
+    let mut buf = [0u8; SUPERBLOCK_SIZE];
+    view.read(other, &mut buf)?;
+    let other_copy_valid = Superblock::decode(&buf).is_ok();
+
+    let mut used_pages = 0u64;
+    let mut page = vec![0u8; PAGE_SIZE as usize];
+    for i in 0..g.bitmap.pages {
+        view.read(g.bitmap.offset() + i * PAGE_SIZE, &mut page)?;
+        let first_bit = i * PAGE_SIZE * 8;
+        for (j, &byte) in page.iter().enumerate() {
+            let bit = first_bit + j as u64 * 8;
+            if bit >= g.data.pages {
+                break;
+            }
+            // Bits past the last data page are not pages at all.
+            let valid = (g.data.pages - bit).min(8);
+            let mask = if valid == 8 { 0xff } else { (1u8 << valid) - 1 };
+            used_pages += u64::from((byte & mask).count_ones());
+        }
+    }
+
+    let mut log = vec![0u8; g.log.len() as usize];
+    view.read(g.log.offset(), &mut log)?;
+    let entries = scan_log(&log, sb.log_seq);
+    let log_bytes = entries.last().map_or(0, |(at, h)| at + h.footprint());
+    Ok(ImageReport {
+        path: path.into(),
+        image_len: view.len(),
+        superblock: sb,
+        copy,
+        other_copy_valid,
+        used_pages,
+        log_entries: entries.len() as u64,
+        log_bytes,
+        mode: view.mode(),
+    })
+}
+
+impl fmt::Display for ImageReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sb = &self.superblock;
+        let g = &sb.geometry;
+        let data = g.data.len();
+        let used = self.used_pages * PAGE_SIZE;
+        let pct = |part: u64, whole: u64| {
+            if whole == 0 {
+                0.0
+            } else {
+                part as f64 * 100.0 / whole as f64
+            }
+        };
+        let area = |name: &str, a: kucofs_common::format::Area| {
+            format!(
+                "  {name:<12} pages {:>10} .. {:<10} ({})\n",
+                a.start,
+                a.end(),
+                format_size(a.len())
+            )
+        };
+        writeln!(f, "image:        {}", self.path.display())?;
+        writeln!(f, "format:       KucoFS version {FORMAT_VERSION}")?;
+        writeln!(f, "uuid:         {}", uuid_text(&sb.uuid))?;
+        writeln!(f, "mapping:      {}", self.mode)?;
+        writeln!(
+            f,
+            "size:         {} ({} bytes; the image holds {})",
+            format_size(g.size),
+            g.size,
+            format_size(self.image_len)
+        )?;
+        writeln!(
+            f,
+            "state:        {}",
+            if sb.clean {
+                "clean"
+            } else {
+                "not clean (recovery will replay the log)"
+            }
+        )?;
+        writeln!(
+            f,
+            "superblock:   sequence {}, read from copy {:?}; the other copy is {}",
+            sb.seq,
+            self.copy,
+            if self.other_copy_valid {
+                "valid"
+            } else {
+                "NOT valid"
+            }
+        )?;
+        writeln!(f, "geometry:")?;
+        f.write_str(&area(
+            "superblocks",
+            kucofs_common::format::Area { start: 0, pages: 2 },
+        ))?;
+        f.write_str(&area("log", g.log))?;
+        f.write_str(&area("checkpoint", g.checkpoint))?;
+        f.write_str(&area("bitmap", g.bitmap))?;
+        f.write_str(&area("data", g.data))?;
+        writeln!(
+            f,
+            "space:        {} used, {} free of {} data ({:.1}% used)",
+            format_size(used),
+            format_size(data - used),
+            format_size(data),
+            pct(used, data)
+        )?;
+        writeln!(
+            f,
+            "log:          {} entries, {} of {} ({:.1}% full)",
+            self.log_entries,
+            format_size(self.log_bytes),
+            format_size(g.log.len()),
+            pct(self.log_bytes, g.log.len())
+        )?;
+        match sb.checkpoint {
+            None => writeln!(f, "checkpoint:   none yet (empty file system)"),
+            Some(c) => writeln!(f, "checkpoint:   slot {}, sequence {}", c.slot, c.seq),
+        }
+    }
+}
+
+fn uuid_text(u: &[u8; 16]) -> String {
+    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A random UUID (version 4) from the kernel's generator, falling back to
+/// the clock and process id if `/dev/urandom` cannot be read.
+fn new_uuid() -> [u8; 16] {
+    use std::io::Read;
+    let mut u = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut u));
+    if read.is_err() {
+        u[..8].copy_from_slice(&now_ns().to_le_bytes());
+        u[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+#[cfg(test)]
+mod tests;

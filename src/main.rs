@@ -1,0 +1,75 @@
+//! `kucofs`: make, inspect (and, as the file system grows, mount, serve and
+//! check) KucoFS images.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use kucofs_common::size::{format_size, parse_size};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kucofs",
+    version,
+    about = "A user-space persistent-memory file system"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Make an empty file system in IMAGE (a file, e.g. under /dev/shm, or a DAX device).
+    Mkfs {
+        /// The image to create.
+        image: PathBuf,
+        /// Size of the file system, e.g. 64M, 4G (at least 1M).
+        #[arg(long, short, value_parser = parse_size)]
+        size: u64,
+        /// Overwrite IMAGE if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show an image's geometry, space, log fill and state, without changing it.
+    Info {
+        /// The image to inspect.
+        image: PathBuf,
+    },
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Mkfs { image, size, force } => {
+            let sb = kucofs_kfs::mkfs(&image, size, force).context("mkfs")?;
+            let g = sb.geometry;
+            println!(
+                "made a {} KucoFS on {}: {} data pages ({}), log {}, checkpoint {}",
+                format_size(g.size),
+                image.display(),
+                g.data.pages,
+                format_size(g.data.len()),
+                format_size(g.log.len()),
+                format_size(g.checkpoint.len()),
+            );
+        }
+        Command::Info { image } => {
+            let report = kucofs_kfs::inspect(&image).context("info")?;
+            print!("{report}");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Each layer names what it was doing; `{:#}` joins them into one
+            // sentence ("mkfs /dev/shm/a.img: a size of ... is smaller ...").
+            eprintln!("kucofs: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The `kucofs` command as a user runs it: mkfs and info on images under
+//! `/dev/shm`, and the one-sentence errors for everything that can go wrong.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn kucofs(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kucofs"))
+        .args(args)
+        .output()
+        .expect("run kucofs")
+}
+
+fn shm_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("kucofs-cli-")
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Asserts a failure with a single-line message naming `needle`, no panic.
+fn assert_refused(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "expected failure, got: {}", stdout(o));
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(err.starts_with("kucofs: "), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains(needle), "{needle:?} not in: {err}");
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn mkfs_then_info_describes_the_image() {
+    let dir = shm_dir();
+    let img = dir.path().join("a.img");
+    let o = kucofs(&["mkfs", p(&img), "--size", "64M"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(stdout(&o).contains("64.0 MiB"), "{}", stdout(&o));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
+
+    let o = kucofs(&["info", p(&img)]);
+    assert!(o.status.success(), "{o:?}");
+    let text = stdout(&o);
+    for needle in [
+        "KucoFS version 1",
+        "emulated",
+        "state:        clean",
+        "0 B used",
+        "0 entries",
+        "data",
+        "bitmap",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing:\n{text}");
+    }
+}
+
+#[test]
+fn mkfs_refusals_are_one_sentence() {
+    let dir = shm_dir();
+    let img = dir.path().join("b.img");
+    assert_refused(
+        &kucofs(&["mkfs", p(&img), "--size", "4K"]),
+        "smaller than the 1048576-byte minimum",
+    );
+    assert!(!img.exists());
+    assert!(kucofs(&["mkfs", p(&img), "--size", "2M"]).status.success());
+    assert_refused(&kucofs(&["mkfs", p(&img), "--size", "2M"]), "--force");
+    assert!(kucofs(&["mkfs", p(&img), "--size", "3M", "--force"])
+        .status
+        .success());
+    assert_refused(
+        &kucofs(&[
+            "mkfs",
+            p(&dir.path().join("no/such/dir.img")),
+            "--size",
+            "2M",
+        ]),
+        "No such file or directory",
+    );
+    // Bad sizes are caught by the argument parser, also without a panic.
+    let o = kucofs(&["mkfs", p(&img), "--size", "lots"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not start with a number"));
+}
+
+#[test]
+fn info_refusals_are_one_sentence() {
+    let dir = shm_dir();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "x".repeat(20_000)).unwrap();
+    assert_refused(&kucofs(&["info", p(&text)]), "is not a KucoFS image");
+    assert_refused(
+        &kucofs(&["info", p(&dir.path().join("missing.img"))]),
+        "No such file or directory",
+    );
+    let img = dir.path().join("c.img");
+    assert!(kucofs(&["mkfs", p(&img), "--size", "8M"]).status.success());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    assert_refused(&kucofs(&["info", p(&img)]), "truncated");
+}
