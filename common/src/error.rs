@@ -24,6 +24,9 @@ pub enum Error {
     /// An atomic access was not naturally aligned.
     #[error("atomic access at offset {offset} is not {align}-byte aligned")]
     Misaligned { offset: u64, align: u64 },
+    /// A store was attempted through a read-only mapping.
+    #[error("store at offset {offset} through a read-only mapping")]
+    ReadOnly { offset: u64 },
     /// A size given for a new image is too small to hold a file system.
     #[error("{path}: a size of {size} bytes is smaller than the {min}-byte minimum")]
     TooSmall { path: PathBuf, size: u64, min: u64 },
@@ -47,7 +50,9 @@ impl Error {
         match self {
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Locked { .. } => libc::EBUSY,
-            Error::OutOfBounds { .. } | Error::Misaligned { .. } => libc::EFAULT,
+            Error::OutOfBounds { .. } | Error::Misaligned { .. } | Error::ReadOnly { .. } => {
+                libc::EFAULT
+            }
             Error::TooSmall { .. } | Error::TooLarge { .. } | Error::Unusable { .. } => {
                 libc::EINVAL
             }

@@ -8,9 +8,13 @@
 #[cfg(not(all(target_arch = "x86_64", target_endian = "little")))]
 compile_error!("KucoFS supports x86-64 only (little-endian media layout, clwb/clflushopt)");
 
+pub mod errno;
 pub mod error;
 pub mod format;
+pub mod index;
 pub mod pm;
+pub mod proto;
 pub mod size;
 
+pub use errno::Errno;
 pub use error::{Error, Result};

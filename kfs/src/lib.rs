@@ -3,8 +3,11 @@
 //! This crate makes file systems ([`mkfs`]), opens and validates images
 //! ([`Image`]), and inspects them ([`inspect`]).
 
+pub mod arena;
 mod error;
 pub mod image;
+pub mod namespace;
+pub mod record;
 
 pub use error::{Error, Result};
 pub use image::{inspect, mkfs, Image, ImageReport};

@@ -5,12 +5,25 @@
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::cpu::{self, FlushInstr};
 use crate::{Error, Result};
 
-/// An owned `mmap` of an image; unmapped on drop.
+/// A read-modify-write operation on a shared word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WordOp {
+    /// `fetch_add`.
+    Add,
+    /// `fetch_or`.
+    Or,
+    /// `fetch_and`.
+    And,
+    /// `swap`.
+    Swap,
+}
+
+/// An owned `mmap` of an image or shared segment; unmapped on drop.
 #[derive(Debug)]
 pub(super) struct Mapping {
     ptr: NonNull<u8>,
@@ -90,11 +103,109 @@ impl Mapping {
 
     /// Atomically loads the 8-byte word at `offset`.
     pub(super) fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
+        Ok(self.word64(offset)?.load(order))
+    }
+
+    /// The atomic 8-byte word at a checked, aligned `offset`.
+    fn word64(&self, offset: u64) -> Result<&AtomicU64> {
         let start = self.check_atomic(offset)?;
         // SAFETY: in bounds and 8-byte aligned (checked; the mapping is
-        // page-aligned), and every access to such words goes through atomics.
-        let word = unsafe { AtomicU64::from_ptr(self.at(start) as *mut u64) };
-        Ok(word.load(order))
+        // page-aligned); the reference lives no longer than `&self`, which
+        // keeps the mapping alive; every access to such words is atomic.
+        Ok(unsafe { AtomicU64::from_ptr(self.at(start) as *mut u64) })
+    }
+
+    /// The atomic 4-byte word at a checked, aligned `offset`.
+    fn word32(&self, offset: u64) -> Result<&AtomicU32> {
+        if offset % 4 != 0 {
+            return Err(Error::Misaligned { offset, align: 4 });
+        }
+        let start = self.check(offset, 4)?;
+        // SAFETY: as in `word64`, for a 4-byte aligned word.
+        Ok(unsafe { AtomicU32::from_ptr(self.at(start) as *mut u32) })
+    }
+
+    fn writable_or_err(&self, offset: u64) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Error::ReadOnly { offset })
+        }
+    }
+
+    /// Atomically loads the 4-byte word at `offset`.
+    pub(super) fn load_u32(&self, offset: u64, order: Ordering) -> Result<u32> {
+        Ok(self.word32(offset)?.load(order))
+    }
+
+    /// Atomic store of the 8-byte word at `offset` (writable mappings only).
+    pub(super) fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<()> {
+        self.writable_or_err(offset)?;
+        self.word64(offset)?.store(value, order);
+        Ok(())
+    }
+
+    /// Atomic store of the 4-byte word at `offset` (writable mappings only).
+    pub(super) fn store_u32(&self, offset: u64, value: u32, order: Ordering) -> Result<()> {
+        self.writable_or_err(offset)?;
+        self.word32(offset)?.store(value, order);
+        Ok(())
+    }
+
+    /// Atomic read-modify-write of the 8-byte word at `offset`.
+    pub(super) fn update_u64(
+        &self,
+        offset: u64,
+        op: WordOp,
+        value: u64,
+        order: Ordering,
+    ) -> Result<u64> {
+        self.writable_or_err(offset)?;
+        let w = self.word64(offset)?;
+        Ok(match op {
+            WordOp::Add => w.fetch_add(value, order),
+            WordOp::Or => w.fetch_or(value, order),
+            WordOp::And => w.fetch_and(value, order),
+            WordOp::Swap => w.swap(value, order),
+        })
+    }
+
+    /// Copies `data` into the mapping at `offset` (writable mappings only).
+    pub(super) fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.writable_or_err(offset)?;
+        let start = self.check(offset, data.len())?;
+        // SAFETY: in bounds (checked), writable (checked), `data` distinct.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.at(start), data.len()) };
+        Ok(())
+    }
+
+    /// Sleeps while the 4-byte word at `offset` holds `expected`, at most
+    /// `timeout`. The futex is shared (not private), so a waker in another
+    /// process that maps the same memory wakes it.
+    pub(super) fn futex_wait(
+        &self,
+        offset: u64,
+        expected: u32,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<()> {
+        use rustix::thread::futex;
+        let w = self.word32(offset)?;
+        let ts = timeout.map(|d| rustix::time::Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
+        });
+        // Waking early, on a changed value or a timeout are all normal
+        // outcomes: the caller re-checks its condition.
+        let _ = futex::wait(w, futex::Flags::empty(), expected, ts.as_ref());
+        Ok(())
+    }
+
+    /// Wakes up to `n` sleepers on the word at `offset`.
+    pub(super) fn futex_wake(&self, offset: u64, n: u32) -> Result<()> {
+        use rustix::thread::futex;
+        let w = self.word32(offset)?;
+        let _ = futex::wake(w, futex::Flags::empty(), n);
+        Ok(())
     }
 
     /// The writable view of this mapping, or `None` for a read-only one.

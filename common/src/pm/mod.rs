@@ -13,12 +13,14 @@ mod mapping;
 mod persist;
 mod recorder;
 mod region;
+mod shm;
 
 pub use cpu::FlushInstr;
 pub use mapping::Media;
 pub use persist::{Hardware, Persist};
 pub use recorder::{InFlight, InFlightKind, Recorder};
 pub use region::{MapMode, Region, RegionView};
+pub use shm::{Shm, ShmView, Words};
 
 /// Size of a CPU cache line, the unit in which stores become persistent.
 pub const CACHE_LINE: usize = 64;

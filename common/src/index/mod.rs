@@ -1,0 +1,61 @@
+//! The index: Kfs's live metadata in DRAM, shared read-only with every
+//! client (DESIGN §4.2).
+//!
+//! It lives in one memfd arena ([`Shm`](crate::pm::Shm)). Everything in it is
+//! addressed by byte offsets into the arena, never pointers, since each
+//! process maps it at its own address; offset 0 is the arena header, so 0
+//! doubles as "null". Every item starts with a header word holding its type
+//! tag, size class and generation, so that Kfs can check that an offset a
+//! client sent really is a live item of the expected type.
+//!
+//! Only Kfs writes the index ([`layout`] says where each field lives). Clients
+//! read it lock-free through [`IndexReader`]: published links are stored with
+//! `Release` and loaded with `Acquire`, inode attributes sit behind a
+//! per-inode sequence lock, and removed items are only reused after every
+//! reader has left the epoch in which they were removed (DESIGN §9).
+
+pub mod layout;
+mod namei;
+mod read;
+
+pub use namei::{split_path, Last, Parent, MAX_SYMLINKS};
+pub use read::{DirEntryInfo, IndexReader, InodeAttr, Kind, Search, Timespec};
+
+/// Longest name of a directory entry, in bytes.
+pub const NAME_MAX: usize = 255;
+/// Longest path, in bytes, including the terminating NUL a C caller would add.
+pub const PATH_MAX: usize = 4096;
+
+/// The key of a name inside a directory: its 63-bit hash, never below 3 so
+/// that readdir cookies 0 ("start"), 1 (".") and 2 ("..") stay free. Entries
+/// are ordered by (hash, name), so equal hashes are still distinct keys.
+pub fn name_hash(name: &[u8]) -> u64 {
+    // FNV-1a, then a splitmix64 finaliser to spread the bits.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    (h >> 1).max(3)
+}
+
+/// Checks a single name as it may appear in a directory: 1 to 255 bytes, no
+/// `/`, no NUL, not `.` or `..`.
+pub fn check_name(name: &[u8]) -> Result<(), crate::Errno> {
+    use crate::Errno;
+    if name.is_empty() {
+        return Err(Errno::ENOENT);
+    }
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! Path resolution over the index, as Linux resolves paths: `.` and `..`,
+//! repeated slashes, symlinks in the middle of a path (and at its end when
+//! asked), at most [`MAX_SYMLINKS`] of them, and a trailing slash that
+//! demands a directory. Paths are taken relative to the file system's root
+//! whether or not they start with `/`.
+
+use super::read::{IndexReader, Kind};
+use super::{NAME_MAX, PATH_MAX};
+use crate::pm::Words;
+use crate::Errno;
+
+/// Symlinks one resolution may follow before failing with `ELOOP`.
+pub const MAX_SYMLINKS: usize = 40;
+
+/// The last component of a path, as a directory-changing operation sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Last<'p> {
+    /// A name to look up in the parent.
+    Name(&'p [u8]),
+    /// `.`: the parent itself.
+    Dot,
+    /// `..`.
+    DotDot,
+    /// The path named the root itself (`/`).
+    Root,
+}
+
+/// A path split into its resolved parent directory and its last component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parent<'p> {
+    /// The parent directory's inode.
+    pub dir: u64,
+    /// The last component.
+    pub last: Last<'p>,
+    /// The path ended in `/`: the target must be (or become) a directory.
+    pub trailing_slash: bool,
+}
+
+/// Splits a path into the part naming the parent directory, the last
+/// component, and whether the path ended in `/`.
+pub fn split_path(path: &[u8]) -> (&[u8], Last<'_>, bool) {
+    let trimmed_len = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+    let trailing_slash = trimmed_len < path.len();
+    let trimmed = &path[..trimmed_len];
+    let (dir_part, last) = match trimmed.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&trimmed[..i], &trimmed[i + 1..]),
+        None => (&b""[..], trimmed),
+    };
+    let last = match last {
+        b"" => Last::Root,
+        b"." => Last::Dot,
+        b".." => Last::DotDot,
+        name => Last::Name(name),
+    };
+    (dir_part, last, trailing_slash)
+}
+
+fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
+    path.split(|&b| b == b'/').filter(|c| !c.is_empty())
+}
+
+impl<W: Words + ?Sized> IndexReader<'_, W> {
+    /// Resolves `path` to an inode offset, following a final symlink if
+    /// `follow` (a trailing slash always follows it).
+    pub fn resolve(&self, path: &[u8], follow: bool) -> Result<u64, Errno> {
+        if path.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if path.len() >= PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let mut links = 0;
+        let trailing = path.ends_with(b"/");
+        let inode = self.walk(self.root(), path, follow || trailing, &mut links)?;
+        if trailing && self.kind(inode) != Some(Kind::Dir) {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(inode)
+    }
+
+    /// Resolves every component of `path` but the last, which it returns.
+    pub fn resolve_parent<'p>(&self, path: &'p [u8]) -> Result<Parent<'p>, Errno> {
+        if path.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if path.len() >= PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let (dir_part, last, trailing_slash) = split_path(path);
+        let root = self.root();
+        let mut links = 0;
+        let dir = self.walk(root, dir_part, true, &mut links)?;
+        if self.kind(dir) != Some(Kind::Dir) {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(Parent {
+            dir,
+            last,
+            trailing_slash,
+        })
+    }
+
+    /// Walks `path` from directory `start`.
+    fn walk(
+        &self,
+        start: u64,
+        path: &[u8],
+        follow_last: bool,
+        links: &mut usize,
+    ) -> Result<u64, Errno> {
+        let mut cur = start;
+        let mut comps = components(path).peekable();
+        while let Some(c) = comps.next() {
+            let is_last = comps.peek().is_none();
+            if self.kind(cur) != Some(Kind::Dir) {
+                return Err(Errno::ENOTDIR);
+            }
+            cur = match c {
+                b"." => cur,
+                b".." => self.parent(cur),
+                name => {
+                    if name.len() > NAME_MAX {
+                        return Err(Errno::ENAMETOOLONG);
+                    }
+                    let dirent = self.lookup(cur, name);
+                    if dirent == 0 {
+                        return Err(Errno::ENOENT);
+                    }
+                    let inode = self.dirent_inode(dirent);
+                    if self.kind(inode) == Some(Kind::Symlink) && (!is_last || follow_last) {
+                        *links += 1;
+                        if *links > MAX_SYMLINKS {
+                            return Err(Errno::ELOOP);
+                        }
+                        let target = self.readlink(inode).ok_or(Errno::EIO)?;
+                        if target.is_empty() {
+                            return Err(Errno::ENOENT);
+                        }
+                        let base = if target.starts_with(b"/") {
+                            self.root()
+                        } else {
+                            cur
+                        };
+                        self.walk(base, &target, true, links)?
+                    } else {
+                        inode
+                    }
+                }
+            };
+            if cur == 0 {
+                return Err(Errno::EIO);
+            }
+        }
+        Ok(cur)
+    }
+}

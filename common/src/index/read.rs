@@ -1,0 +1,445 @@
+//! Lock-free reading of the index, shared by clients (through their
+//! read-only view) and Kfs (through its own mapping).
+
+use std::cmp::Ordering as Cmp;
+use std::sync::atomic::{fence, Ordering};
+
+use super::layout::*;
+use super::{name_hash, NAME_MAX};
+use crate::pm::Words;
+
+/// What kind of file an inode or entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+}
+
+impl Kind {
+    /// The kind encoded in a mode's `S_IFMT` bits.
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG => Some(Kind::File),
+            libc::S_IFDIR => Some(Kind::Dir),
+            libc::S_IFLNK => Some(Kind::Symlink),
+            _ => None,
+        }
+    }
+
+    /// The `S_IFMT` bits of this kind.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::File => libc::S_IFREG,
+            Kind::Dir => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
+        }
+    }
+
+    /// The byte stored in a dirent.
+    pub fn to_byte(self) -> u8 {
+        match self {
+            Kind::File => 1,
+            Kind::Dir => 2,
+            Kind::Symlink => 3,
+        }
+    }
+
+    /// The kind a dirent byte encodes.
+    pub fn from_byte(b: u8) -> Option<Kind> {
+        match b {
+            1 => Some(Kind::File),
+            2 => Some(Kind::Dir),
+            3 => Some(Kind::Symlink),
+            _ => None,
+        }
+    }
+}
+
+/// A time in nanoseconds since the Unix epoch.
+pub type Timespec = i64;
+
+/// A consistent copy of an inode's attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InodeAttr {
+    /// Offset of the inode in the index.
+    pub offset: u64,
+    /// Generation of the inode item.
+    pub gen: u32,
+    /// Inode number.
+    pub ino: u64,
+    /// Type and permission bits.
+    pub mode: u32,
+    /// Link count.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Size in bytes (symlinks: target length).
+    pub size: u64,
+    /// Last access.
+    pub atime: Timespec,
+    /// Last modification.
+    pub mtime: Timespec,
+    /// Last status change.
+    pub ctime: Timespec,
+    /// Creation.
+    pub btime: Timespec,
+    /// Directories: number of entries.
+    pub entries: u64,
+}
+
+impl InodeAttr {
+    /// The kind, from the mode's type bits.
+    pub fn kind(&self) -> Option<Kind> {
+        Kind::from_mode(self.mode)
+    }
+}
+
+/// One directory entry as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntryInfo {
+    /// Offset of the dirent.
+    pub offset: u64,
+    /// Its key hash (also its readdir cookie).
+    pub hash: u64,
+    /// The name.
+    pub name: Vec<u8>,
+    /// Offset of the inode it names.
+    pub inode: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Kind of the inode.
+    pub kind: Kind,
+}
+
+/// The outcome of a skip-list search for a key: the rightmost node before
+/// the key at every level, and the node holding the key if there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Search {
+    /// Predecessor at each level (the head where nothing precedes).
+    pub preds: [u64; MAX_HEIGHT],
+    /// The dirent with exactly this key, or 0.
+    pub found: u64,
+}
+
+/// Reads an index through any [`Words`] (a client's read-only view, or
+/// Kfs's own mapping).
+#[derive(Debug)]
+pub struct IndexReader<'a, W: Words + ?Sized> {
+    mem: &'a W,
+}
+
+impl<W: Words + ?Sized> Clone for IndexReader<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<W: Words + ?Sized> Copy for IndexReader<'_, W> {}
+
+impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
+    /// A reader over `mem`.
+    pub fn new(mem: &'a W) -> Self {
+        IndexReader { mem }
+    }
+
+    /// The memory read.
+    pub fn mem(&self) -> &'a W {
+        self.mem
+    }
+
+    /// True if the arena carries the index magic.
+    pub fn is_index(&self) -> bool {
+        self.mem.load_u64(HDR_MAGIC, Ordering::Acquire) == MAGIC
+    }
+
+    /// Offset of the root directory's inode.
+    pub fn root(&self) -> u64 {
+        self.mem.load_u64(HDR_ROOT, Ordering::Acquire)
+    }
+
+    /// The global reclamation epoch.
+    pub fn epoch(&self) -> u64 {
+        self.mem.load_u64(HDR_EPOCH, Ordering::SeqCst)
+    }
+
+    /// An item's header word.
+    pub fn header(&self, off: u64) -> u64 {
+        self.mem.load_u64(off, Ordering::Acquire)
+    }
+
+    /// True if `off` is a live item with tag `tag` (and generation `gen`,
+    /// if given).
+    pub fn is_live(&self, off: u64, tag: u16, gen: Option<u32>) -> bool {
+        if off < HEADER_SIZE || off % 8 != 0 {
+            return false;
+        }
+        let h = self.header(off);
+        header_tag(h) == tag && gen.is_none_or(|g| header_gen(h) == g)
+    }
+
+    /// True if `off` is an item with tag `tag`, live or removed (removed
+    /// items stay readable until the grace period ends).
+    pub fn has_tag(&self, off: u64, tag: u16) -> bool {
+        off >= HEADER_SIZE && header_tag(self.header(off)) & !TAG_DEAD == tag
+    }
+
+    /// The inode's type and permission bits. The type bits never change
+    /// after creation, so one load suffices for type checks.
+    pub fn mode(&self, inode: u64) -> u32 {
+        self.mem
+            .load_u32(inode.wrapping_add(I_MODE), Ordering::Acquire)
+    }
+
+    /// The inode's kind, or `None` if `inode` is not an inode.
+    pub fn kind(&self, inode: u64) -> Option<Kind> {
+        if !self.has_tag(inode, TAG_INODE) {
+            return None;
+        }
+        Kind::from_mode(self.mode(inode))
+    }
+
+    /// The inode's number.
+    pub fn ino(&self, inode: u64) -> u64 {
+        self.mem
+            .load_u64(inode.wrapping_add(I_INO), Ordering::Acquire)
+    }
+
+    /// A directory's parent directory (the root is its own parent).
+    pub fn parent(&self, dir: u64) -> u64 {
+        self.mem
+            .load_u64(dir.wrapping_add(I_PARENT), Ordering::Acquire)
+    }
+
+    /// A consistent snapshot of an inode's attributes, or `None` if `off`
+    /// is not an inode.
+    pub fn attr(&self, off: u64) -> Option<InodeAttr> {
+        let m = self.mem;
+        loop {
+            let h = self.header(off);
+            if header_tag(h) & !TAG_DEAD != TAG_INODE || off < HEADER_SIZE {
+                return None;
+            }
+            // Sequence lock: Kfs makes `seq` odd, fences, writes, then makes
+            // it even with Release. This Acquire pairs with that Release.
+            let s1 = m.load_u64(off.wrapping_add(I_SEQ), Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let r = |f: u64| m.load_u64(off.wrapping_add(f), Ordering::Relaxed);
+            let a = InodeAttr {
+                offset: off,
+                gen: header_gen(h),
+                ino: r(I_INO),
+                mode: m.load_u32(off.wrapping_add(I_MODE), Ordering::Relaxed),
+                nlink: m.load_u32(off.wrapping_add(I_NLINK), Ordering::Relaxed),
+                uid: m.load_u32(off.wrapping_add(I_UID), Ordering::Relaxed),
+                gid: m.load_u32(off.wrapping_add(I_GID), Ordering::Relaxed),
+                size: r(I_SIZE),
+                atime: r(I_ATIME) as i64,
+                mtime: r(I_MTIME) as i64,
+                ctime: r(I_CTIME) as i64,
+                btime: r(I_BTIME) as i64,
+                entries: r(I_ENTRIES),
+            };
+            // Orders the field loads above before the re-check of `seq`
+            // (pairs with Kfs's Release fence after making `seq` odd).
+            fence(Ordering::Acquire);
+            if m.load_u64(off.wrapping_add(I_SEQ), Ordering::Relaxed) == s1 {
+                return Some(a);
+            }
+        }
+    }
+
+    /// The inode with number `ino`, or 0.
+    pub fn inode_by_ino(&self, ino: u64) -> u64 {
+        let top = self.mem.load_u64(HDR_ITABLE, Ordering::Acquire);
+        let chunk_no = ino / ITABLE_CHUNK_INOS;
+        if top == 0 || chunk_no >= ITABLE_TOP_SLOTS {
+            return 0;
+        }
+        let chunk = self.mem.load_u64(
+            top.wrapping_add(ITABLE_SLOTS_AT + 8 * chunk_no),
+            Ordering::Acquire,
+        );
+        if chunk == 0 {
+            return 0;
+        }
+        let slot = ino % ITABLE_CHUNK_INOS;
+        self.mem.load_u64(
+            chunk.wrapping_add(ITABLE_SLOTS_AT + 8 * slot),
+            Ordering::Acquire,
+        )
+    }
+
+    /// A dirent's (or head's) forward link at `level`.
+    pub fn next(&self, node: u64, level: usize) -> u64 {
+        // Acquire pairs with Kfs's Release store when it links a node, so
+        // the node's fields are visible once its offset is.
+        self.mem.load_u64(
+            node.wrapping_add(D_NEXT + 8 * level as u64),
+            Ordering::Acquire,
+        )
+    }
+
+    /// A dirent's height.
+    pub fn height(&self, node: u64) -> usize {
+        ((self
+            .mem
+            .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed)
+            >> 16)
+            & 0xff) as usize
+    }
+
+    /// Copies a dirent's name into `buf` and returns its length.
+    fn name_into(&self, node: u64, buf: &mut [u8; NAME_MAX]) -> usize {
+        let shape = self
+            .mem
+            .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed);
+        let len = ((shape & 0xffff) as usize).min(NAME_MAX);
+        let height = ((shape >> 16) & 0xff) as usize;
+        if !self
+            .mem
+            .read(node.wrapping_add(dirent_name(height)), &mut buf[..len])
+        {
+            return 0;
+        }
+        len
+    }
+
+    /// Compares a dirent's key with (`hash`, `name`).
+    pub fn cmp_key(&self, node: u64, hash: u64, name: &[u8]) -> Cmp {
+        let h = self
+            .mem
+            .load_u64(node.wrapping_add(D_HASH), Ordering::Relaxed);
+        match h.cmp(&hash) {
+            Cmp::Equal => {
+                let mut buf = [0u8; NAME_MAX];
+                let n = self.name_into(node, &mut buf);
+                buf[..n].cmp(name)
+            }
+            other => other,
+        }
+    }
+
+    /// The head of a directory's skip list (0 if `dir` is not a directory).
+    pub fn dir_head(&self, dir: u64) -> u64 {
+        self.mem
+            .load_u64(dir.wrapping_add(I_DATA), Ordering::Acquire)
+    }
+
+    /// Searches directory `dir` for the key (`hash`, `name`).
+    pub fn search(&self, dir: u64, hash: u64, name: &[u8]) -> Search {
+        let mut s = Search {
+            preds: [0; MAX_HEIGHT],
+            found: 0,
+        };
+        let head = self.dir_head(dir);
+        if head == 0 {
+            return s;
+        }
+        let mut x = head;
+        for level in (0..MAX_HEIGHT).rev() {
+            loop {
+                let nx = self.next(x, level);
+                if nx == 0 || self.cmp_key(nx, hash, name) != Cmp::Less {
+                    break;
+                }
+                x = nx;
+            }
+            s.preds[level] = x;
+        }
+        let candidate = self.next(x, 0);
+        if candidate != 0 && self.cmp_key(candidate, hash, name) == Cmp::Equal {
+            s.found = candidate;
+        }
+        s
+    }
+
+    /// Looks `name` up in directory `dir`: the dirent's offset, or 0.
+    pub fn lookup(&self, dir: u64, name: &[u8]) -> u64 {
+        self.search(dir, name_hash(name), name).found
+    }
+
+    /// The inode a dirent names.
+    pub fn dirent_inode(&self, dirent: u64) -> u64 {
+        self.mem
+            .load_u64(dirent.wrapping_add(D_INODE), Ordering::Acquire)
+    }
+
+    /// Reads one dirent.
+    pub fn dirent(&self, off: u64) -> DirEntryInfo {
+        let mut buf = [0u8; NAME_MAX];
+        let n = self.name_into(off, &mut buf);
+        let shape = self
+            .mem
+            .load_u64(off.wrapping_add(D_SHAPE), Ordering::Relaxed);
+        DirEntryInfo {
+            offset: off,
+            hash: self
+                .mem
+                .load_u64(off.wrapping_add(D_HASH), Ordering::Relaxed),
+            name: buf[..n].to_vec(),
+            inode: self.dirent_inode(off),
+            ino: self
+                .mem
+                .load_u64(off.wrapping_add(D_INO), Ordering::Relaxed),
+            kind: Kind::from_byte((shape >> 24) as u8).unwrap_or(Kind::File),
+        }
+    }
+
+    /// Appends up to `max` entries of `dir` that come after the key `after`
+    /// (or from the start) to `out`, in key order. Returns false when the
+    /// directory has no more entries.
+    pub fn read_dir(
+        &self,
+        dir: u64,
+        after: Option<(u64, &[u8])>,
+        max: usize,
+        out: &mut Vec<DirEntryInfo>,
+    ) -> bool {
+        let mut x = match after {
+            None => self.dir_head(dir),
+            Some((hash, name)) => {
+                let s = self.search(dir, hash, name);
+                if s.found != 0 {
+                    s.found
+                } else {
+                    s.preds[0]
+                }
+            }
+        };
+        if x == 0 {
+            return false;
+        }
+        for _ in 0..max {
+            x = self.next(x, 0);
+            if x == 0 {
+                return false;
+            }
+            out.push(self.dirent(x));
+        }
+        self.next(x, 0) != 0
+    }
+
+    /// A symlink's target, or `None` if `inode` is not a symlink.
+    pub fn readlink(&self, inode: u64) -> Option<Vec<u8>> {
+        if self.kind(inode) != Some(Kind::Symlink) {
+            return None;
+        }
+        let t = self
+            .mem
+            .load_u64(inode.wrapping_add(I_DATA), Ordering::Acquire);
+        if !self.has_tag(t, TAG_SYMLINK) {
+            return None;
+        }
+        let len = self.mem.load_u64(t.wrapping_add(S_LEN), Ordering::Relaxed) as usize;
+        let mut v = vec![0u8; len.min(super::PATH_MAX)];
+        self.mem.read(t.wrapping_add(S_BYTES), &mut v).then_some(v)
+    }
+}

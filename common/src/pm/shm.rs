@@ -1,0 +1,348 @@
+//! Shared memory in DRAM: a memfd that one side maps read-write and others
+//! map read-only (the index) or read-write (a client's request segment).
+//!
+//! A [`Shm`] reserves a large virtual range up front (`MAP_NORESERVE`) and
+//! grows the memfd inside it, so offsets handed out never move and every
+//! mapping of the same memfd sees the growth without remapping.
+
+use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+use rustix::mm::{mmap, MapFlags, ProtFlags};
+
+use super::mapping::{Mapping, WordOp};
+use crate::{Error, Result};
+
+/// Read access to shared words, as the index readers need it: loads that
+/// never fault and never panic. An offset outside the memory, or misaligned,
+/// reads as zero, which every structure treats as "null" or "no such item",
+/// so a damaged offset ends a walk instead of crashing it.
+pub trait Words {
+    /// Loads the 8-byte word at `offset` (zero if out of range).
+    fn load_u64(&self, offset: u64, order: Ordering) -> u64;
+    /// Loads the 4-byte word at `offset` (zero if out of range).
+    fn load_u32(&self, offset: u64, order: Ordering) -> u32;
+    /// Copies bytes out; false (and `buf` untouched) if out of range.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> bool;
+}
+
+/// The owner of a shared segment: maps it read-write and may grow it.
+pub struct Shm {
+    name: String,
+    fd: OwnedFd,
+    map: Mapping,
+    /// Current size of the memfd; accesses are checked against it.
+    len: AtomicU64,
+    reserve: u64,
+}
+
+impl fmt::Debug for Shm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shm")
+            .field("name", &self.name)
+            .field("len", &self.len())
+            .field("reserve", &self.reserve)
+            .finish()
+    }
+}
+
+fn map_fd(fd: BorrowedFd<'_>, name: &str, len: u64, writable: bool) -> Result<Mapping> {
+    let bad = |why: String| Error::Unusable {
+        path: name.into(),
+        why,
+    };
+    let n = usize::try_from(len).map_err(|_| bad(format!("{len} bytes do not fit")))?;
+    let prot = if writable {
+        ProtFlags::READ | ProtFlags::WRITE
+    } else {
+        ProtFlags::READ
+    };
+    // SAFETY: a fresh kernel-chosen mapping aliases no Rust object; ownership
+    // passes to the Mapping below.
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            n,
+            prot,
+            MapFlags::SHARED | MapFlags::NORESERVE,
+            fd,
+            0,
+        )
+    }
+    .map_err(|e| Error::io("map shared memory", name, e.into()))?;
+    let p = NonNull::new(p.cast::<u8>()).ok_or_else(|| bad("mapped at address zero".into()))?;
+    // SAFETY: `p` starts the live `n`-byte mapping just made with `prot`.
+    Ok(unsafe { Mapping::from_raw(p, n, writable) })
+}
+
+impl Shm {
+    /// A new memfd named `name` (for /proc/PID/maps), `len` bytes long,
+    /// mapped read-write over a reserved range of `reserve` bytes.
+    pub fn create(name: &str, len: u64, reserve: u64) -> Result<Shm> {
+        let fd = memfd_create(name, MemfdFlags::CLOEXEC)
+            .map_err(|e| Error::io("create shared memory", name, e.into()))?;
+        ftruncate(&fd, len).map_err(|e| Error::io("size shared memory", name, e.into()))?;
+        let map = map_fd(fd.as_fd(), name, reserve.max(len), true)?;
+        Ok(Shm {
+            name: name.into(),
+            fd,
+            map,
+            len: AtomicU64::new(len),
+            reserve: reserve.max(len),
+        })
+    }
+
+    /// Another read-write mapping of the same memory (the other side of a
+    /// request segment).
+    pub fn map_again(&self) -> Result<Shm> {
+        let fd = self
+            .fd
+            .try_clone()
+            .map_err(|e| Error::io("duplicate shared memory", &self.name, e))?;
+        let map = map_fd(fd.as_fd(), &self.name, self.reserve, true)?;
+        Ok(Shm {
+            name: self.name.clone(),
+            fd,
+            map,
+            len: AtomicU64::new(self.len()),
+            reserve: self.reserve,
+        })
+    }
+
+    /// A read-only mapping of the same memory, as a client maps the index.
+    pub fn view(&self) -> Result<ShmView> {
+        Ok(ShmView {
+            map: map_fd(self.fd.as_fd(), &self.name, self.reserve, false)?,
+        })
+    }
+
+    /// The memfd, to hand to another process.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Current size in bytes.
+    pub fn len(&self) -> u64 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// True if the segment has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The reserved size: the segment can grow up to it.
+    pub fn reserve(&self) -> u64 {
+        self.reserve
+    }
+
+    /// Grows the segment to `new_len` bytes (never shrinks).
+    pub fn grow(&self, new_len: u64) -> Result<()> {
+        if new_len <= self.len() {
+            return Ok(());
+        }
+        if new_len > self.reserve {
+            return Err(Error::OutOfBounds {
+                offset: 0,
+                len: new_len,
+                size: self.reserve,
+            });
+        }
+        ftruncate(&self.fd, new_len)
+            .map_err(|e| Error::io("grow shared memory", &self.name, e.into()))?;
+        // Release: pairs with the Acquire in `len()` of any thread that then
+        // checks an offset against the new size.
+        self.len.store(new_len, Ordering::Release);
+        Ok(())
+    }
+
+    fn check(&self, offset: u64, n: u64) -> Result<()> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::OutOfBounds {
+                offset,
+                len: n,
+                size: self.len(),
+            }),
+        }
+    }
+
+    /// Loads the 8-byte word at `offset`.
+    pub fn try_load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
+        self.check(offset, 8)?;
+        self.map.load_u64(offset, order)
+    }
+
+    /// Loads the 4-byte word at `offset`.
+    pub fn try_load_u32(&self, offset: u64, order: Ordering) -> Result<u32> {
+        self.check(offset, 4)?;
+        self.map.load_u32(offset, order)
+    }
+
+    /// Copies bytes out of the segment.
+    pub fn try_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.map.read(offset, buf)
+    }
+
+    /// Stores the 8-byte word at `offset`.
+    pub fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<()> {
+        self.check(offset, 8)?;
+        self.map.store_u64(offset, value, order)
+    }
+
+    /// Stores the 4-byte word at `offset`.
+    pub fn store_u32(&self, offset: u64, value: u32, order: Ordering) -> Result<()> {
+        self.check(offset, 4)?;
+        self.map.store_u32(offset, value, order)
+    }
+
+    /// `fetch_add` on the 8-byte word at `offset`; returns the old value.
+    pub fn fetch_add_u64(&self, offset: u64, v: u64, order: Ordering) -> Result<u64> {
+        self.check(offset, 8)?;
+        self.map.update_u64(offset, WordOp::Add, v, order)
+    }
+
+    /// `fetch_or` on the 8-byte word at `offset`; returns the old value.
+    pub fn fetch_or_u64(&self, offset: u64, v: u64, order: Ordering) -> Result<u64> {
+        self.check(offset, 8)?;
+        self.map.update_u64(offset, WordOp::Or, v, order)
+    }
+
+    /// `fetch_and` on the 8-byte word at `offset`; returns the old value.
+    pub fn fetch_and_u64(&self, offset: u64, v: u64, order: Ordering) -> Result<u64> {
+        self.check(offset, 8)?;
+        self.map.update_u64(offset, WordOp::And, v, order)
+    }
+
+    /// `swap` on the 8-byte word at `offset`; returns the old value.
+    pub fn swap_u64(&self, offset: u64, v: u64, order: Ordering) -> Result<u64> {
+        self.check(offset, 8)?;
+        self.map.update_u64(offset, WordOp::Swap, v, order)
+    }
+
+    /// Copies `data` into the segment at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len() as u64)?;
+        self.map.write(offset, data)
+    }
+
+    /// Sleeps while the 4-byte word at `offset` equals `expected` (shared
+    /// futex), for at most `timeout`.
+    pub fn futex_wait(&self, offset: u64, expected: u32, timeout: Option<Duration>) -> Result<()> {
+        self.check(offset, 4)?;
+        self.map.futex_wait(offset, expected, timeout)
+    }
+
+    /// Wakes up to `n` sleepers on the word at `offset`.
+    pub fn futex_wake(&self, offset: u64, n: u32) -> Result<()> {
+        self.check(offset, 4)?;
+        self.map.futex_wake(offset, n)
+    }
+}
+
+impl Words for Shm {
+    fn load_u64(&self, offset: u64, order: Ordering) -> u64 {
+        self.try_load_u64(offset, order).unwrap_or(0)
+    }
+    fn load_u32(&self, offset: u64, order: Ordering) -> u32 {
+        self.try_load_u32(offset, order).unwrap_or(0)
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> bool {
+        self.try_read(offset, buf).is_ok()
+    }
+}
+
+/// A read-only mapping of a shared segment. Its reads are checked against
+/// the reserved range only: the owner publishes offsets only after growing
+/// the memory behind them, and a reader only follows published offsets.
+#[derive(Debug)]
+pub struct ShmView {
+    map: Mapping,
+}
+
+impl Words for ShmView {
+    fn load_u64(&self, offset: u64, order: Ordering) -> u64 {
+        self.map.load_u64(offset, order).unwrap_or(0)
+    }
+    fn load_u32(&self, offset: u64, order: Ordering) -> u32 {
+        self.map.load_u32(offset, order).unwrap_or(0)
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> bool {
+        self.map.read(offset, buf).is_ok()
+    }
+}
+
+impl ShmView {
+    /// The virtual address of the mapping, for tests that play a stray
+    /// store; never dereferenced by this crate outside its mapping module.
+    pub fn address(&self) -> usize {
+        self.map.addr()
+    }
+
+    /// Sleeps while the word at `offset` equals `expected` (reading a futex
+    /// word needs no write access).
+    pub fn futex_wait(&self, offset: u64, expected: u32, timeout: Option<Duration>) -> Result<()> {
+        self.map.futex_wait(offset, expected, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_sees_growth_and_stores_without_remapping() {
+        let shm = Shm::create("kucofs-test", 4096, 1 << 30).unwrap();
+        let view = shm.view().unwrap();
+        shm.store_u64(8, 77, Ordering::Release).unwrap();
+        assert_eq!(view.load_u64(8, Ordering::Acquire), 77);
+        // Beyond the current size: the owner refuses, the view reads zero
+        // only for out-of-reserve offsets (it must not be asked for others).
+        assert!(shm.store_u64(8192, 1, Ordering::Relaxed).is_err());
+        shm.grow(1 << 20).unwrap();
+        shm.store_u64(8192, 5, Ordering::Release).unwrap();
+        assert_eq!(view.load_u64(8192, Ordering::Acquire), 5);
+        assert_eq!(view.load_u64(1 << 40, Ordering::Acquire), 0);
+        assert_eq!(
+            view.load_u64(3, Ordering::Acquire),
+            0,
+            "misaligned reads as zero"
+        );
+        assert!(shm.grow(2 << 30).is_err());
+    }
+
+    #[test]
+    fn a_second_writable_mapping_shares_the_words() {
+        let a = Shm::create("kucofs-test", 4096, 4096).unwrap();
+        let b = a.map_again().unwrap();
+        a.fetch_or_u64(0, 0b101, Ordering::AcqRel).unwrap();
+        assert_eq!(b.fetch_and_u64(0, !0b1, Ordering::AcqRel).unwrap(), 0b101);
+        assert_eq!(a.try_load_u64(0, Ordering::Acquire).unwrap(), 0b100);
+        b.write(100, b"abc").unwrap();
+        let mut buf = [0u8; 3];
+        a.try_read(100, &mut buf).unwrap();
+        assert_eq!(&buf, b"abc");
+    }
+
+    #[test]
+    fn futex_wakes_a_sleeper_in_another_thread() {
+        let a = Shm::create("kucofs-test", 4096, 4096).unwrap();
+        let b = a.map_again().unwrap();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                while b.try_load_u32(64, Ordering::Acquire).unwrap() == 0 {
+                    b.futex_wait(64, 0, Some(Duration::from_secs(5))).unwrap();
+                }
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            a.store_u32(64, 1, Ordering::Release).unwrap();
+            a.futex_wake(64, 1).unwrap();
+            waiter.join().unwrap();
+        });
+    }
+}

@@ -1,0 +1,596 @@
+//! Requests from a client to Kfs and Kfs's replies, and their fixed-layout
+//! encoding in a request slot (DESIGN §5).
+//!
+//! A request is a small header (format version, operation, length, CRC-32C)
+//! followed by the operation's fields and byte strings. Kfs decodes it from
+//! its own copy of the slot (a client may change the slot at any time) and
+//! checks every field: lengths, names, offsets are never trusted.
+
+use crate::index::layout::MAX_HEIGHT;
+use crate::index::PATH_MAX;
+use crate::Errno;
+
+/// Version of the request encoding.
+pub const PROTO_VERSION: u16 = 1;
+/// Largest encoded request.
+pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
+/// Encoded size of a hint.
+pub const HINT_SIZE: usize = 8 + 4 + 4 + 8 * MAX_HEIGHT + 8 + 4;
+/// Encoded size of a reply.
+pub const REPLY_SIZE: usize = 32;
+
+/// Where a client found things while resolving a path (collaborative
+/// indexing, DESIGN §6): the parent directory and, in its skip list, the
+/// predecessor at each level of the name's position and the entry itself
+/// if it exists. Kfs validates every offset before using any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hint {
+    /// Offset of the parent directory's inode.
+    pub dir: u64,
+    /// Its generation.
+    pub dir_gen: u32,
+    /// Number of valid entries in `preds` (levels above use the head).
+    pub npreds: u32,
+    /// Predecessors by level.
+    pub preds: [u64; MAX_HEIGHT],
+    /// The entry with the name, or 0 if the client found none.
+    pub found: u64,
+    /// Its generation.
+    pub found_gen: u32,
+}
+
+impl Default for Hint {
+    fn default() -> Self {
+        Hint {
+            dir: 0,
+            dir_gen: 0,
+            npreds: 0,
+            preds: [0; MAX_HEIGHT],
+            found: 0,
+            found_gen: 0,
+        }
+    }
+}
+
+/// Attribute changes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetAttrs {
+    /// New permission bits (the type bits are kept).
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New access time (ns since the epoch).
+    pub atime: Option<i64>,
+    /// New modification time (ns since the epoch).
+    pub mtime: Option<i64>,
+}
+
+/// Who asks: the credentials a change is made with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Creds {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// One metadata request. Paths are relative to the file system's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// Create a file, directory or symlink (by the type bits of `mode`);
+    /// exclusive: fails with `EEXIST` if the name exists.
+    Create {
+        path: &'a [u8],
+        mode: u32,
+        /// A symlink's target.
+        target: &'a [u8],
+        hint: Option<Hint>,
+    },
+    /// Make `to` a new name for what `from` names (not following a final
+    /// symlink in `from`).
+    Link {
+        from: &'a [u8],
+        to: &'a [u8],
+        hint: Option<Hint>,
+    },
+    /// Remove a name (`rmdir`: an empty directory; else a non-directory).
+    Unlink {
+        path: &'a [u8],
+        rmdir: bool,
+        hint: Option<Hint>,
+    },
+    /// Rename `from` to `to`.
+    Rename {
+        from: &'a [u8],
+        to: &'a [u8],
+        noreplace: bool,
+        hint_from: Option<Hint>,
+        hint_to: Option<Hint>,
+    },
+    /// Change attributes of what `path` names.
+    SetAttr {
+        path: &'a [u8],
+        follow: bool,
+        attrs: SetAttrs,
+    },
+    /// Do nothing and reply (to measure a round trip).
+    Ping,
+}
+
+/// Kfs's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reply {
+    /// 0, or the errno of the failure.
+    pub errno: i32,
+    /// The inode created or changed.
+    pub ino: u64,
+    /// Its offset in the index.
+    pub inode: u64,
+    /// Its generation.
+    pub gen: u32,
+}
+
+impl Reply {
+    /// A failure reply.
+    pub fn err(e: Errno) -> Reply {
+        Reply {
+            errno: e.0,
+            ..Reply::default()
+        }
+    }
+
+    /// The reply as a result.
+    pub fn result(self) -> Result<Reply, Errno> {
+        if self.errno == 0 {
+            Ok(self)
+        } else {
+            Err(Errno(self.errno))
+        }
+    }
+
+    /// The fixed encoding.
+    pub fn encode(&self) -> [u8; REPLY_SIZE] {
+        let mut b = [0u8; REPLY_SIZE];
+        b[0..4].copy_from_slice(&self.errno.to_le_bytes());
+        b[4..8].copy_from_slice(&self.gen.to_le_bytes());
+        b[8..16].copy_from_slice(&self.ino.to_le_bytes());
+        b[16..24].copy_from_slice(&self.inode.to_le_bytes());
+        b
+    }
+
+    /// Decodes a reply.
+    pub fn decode(b: &[u8; REPLY_SIZE]) -> Reply {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        Reply {
+            errno: u32_at(0) as i32,
+            gen: u32_at(4),
+            ino: u64_at(8),
+            inode: u64_at(16),
+        }
+    }
+}
+
+mod op {
+    pub const CREATE: u16 = 1;
+    pub const LINK: u16 = 2;
+    pub const UNLINK: u16 = 3;
+    pub const RENAME: u16 = 4;
+    pub const SETATTR: u16 = 5;
+    pub const PING: u16 = 6;
+}
+
+/// Bytes before the body: version u16, op u16, body length u32, and the
+/// CRC-32C of those eight bytes and the body.
+pub const HEADER: usize = 12;
+
+struct W<'b> {
+    buf: &'b mut [u8],
+    at: usize,
+}
+
+impl W<'_> {
+    fn put(&mut self, b: &[u8]) -> Result<(), Errno> {
+        let end = self.at + b.len();
+        self.buf
+            .get_mut(self.at..end)
+            .ok_or(Errno::ENAMETOOLONG)?
+            .copy_from_slice(b);
+        self.at = end;
+        Ok(())
+    }
+    fn u32(&mut self, v: u32) -> Result<(), Errno> {
+        self.put(&v.to_le_bytes())
+    }
+    fn u64(&mut self, v: u64) -> Result<(), Errno> {
+        self.put(&v.to_le_bytes())
+    }
+    fn bytes(&mut self, b: &[u8]) -> Result<(), Errno> {
+        if b.len() >= PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.u32(b.len() as u32)?;
+        self.put(b)
+    }
+    fn opt32(&mut self, v: Option<u32>) -> Result<(), Errno> {
+        self.u32(u32::from(v.is_some()))?;
+        self.u32(v.unwrap_or(0))
+    }
+    fn opt64(&mut self, v: Option<i64>) -> Result<(), Errno> {
+        self.u32(u32::from(v.is_some()))?;
+        self.u64(v.unwrap_or(0) as u64)
+    }
+    fn hint(&mut self, h: &Option<Hint>) -> Result<(), Errno> {
+        match h {
+            None => self.u32(0),
+            Some(h) => {
+                self.u32(1)?;
+                self.u64(h.dir)?;
+                self.u32(h.dir_gen)?;
+                let n = (h.npreds as usize).min(MAX_HEIGHT);
+                self.u32(n as u32)?;
+                for p in &h.preds[..n] {
+                    self.u64(*p)?;
+                }
+                self.u64(h.found)?;
+                self.u32(h.found_gen)
+            }
+        }
+    }
+}
+
+struct R<'b> {
+    buf: &'b [u8],
+    at: usize,
+}
+
+impl<'b> R<'b> {
+    fn take(&mut self, n: usize) -> Result<&'b [u8], Errno> {
+        let end = self.at.checked_add(n).ok_or(Errno::EPROTO)?;
+        let s = self.buf.get(self.at..end).ok_or(Errno::EPROTO)?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32, Errno> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, Errno> {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(w))
+    }
+    fn bool(&mut self) -> Result<bool, Errno> {
+        match self.u32()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+    fn bytes(&mut self) -> Result<&'b [u8], Errno> {
+        let n = self.u32()? as usize;
+        if n >= PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.take(n)
+    }
+    fn opt32(&mut self) -> Result<Option<u32>, Errno> {
+        let some = self.bool()?;
+        let v = self.u32()?;
+        Ok(some.then_some(v))
+    }
+    fn opt64(&mut self) -> Result<Option<i64>, Errno> {
+        let some = self.bool()?;
+        let v = self.u64()? as i64;
+        Ok(some.then_some(v))
+    }
+    fn hint(&mut self) -> Result<Option<Hint>, Errno> {
+        if !self.bool()? {
+            return Ok(None);
+        }
+        let mut h = Hint {
+            dir: self.u64()?,
+            dir_gen: self.u32()?,
+            npreds: self.u32()?,
+            ..Hint::default()
+        };
+        if h.npreds as usize > MAX_HEIGHT {
+            return Err(Errno::EPROTO);
+        }
+        for i in 0..h.npreds as usize {
+            h.preds[i] = self.u64()?;
+        }
+        h.found = self.u64()?;
+        h.found_gen = self.u32()?;
+        Ok(Some(h))
+    }
+}
+
+impl<'a> Request<'a> {
+    /// Encodes the request into `buf` (at least [`REQUEST_MAX`] bytes) and
+    /// returns its length. Fails with `ENAMETOOLONG` for an oversized path.
+    pub fn encode(&self, buf: &mut [u8]) -> Result<usize, Errno> {
+        let mut w = W { buf, at: HEADER };
+        let op = match self {
+            Request::Create {
+                path,
+                mode,
+                target,
+                hint,
+            } => {
+                w.bytes(path)?;
+                w.u32(*mode)?;
+                w.bytes(target)?;
+                w.hint(hint)?;
+                op::CREATE
+            }
+            Request::Link { from, to, hint } => {
+                w.bytes(from)?;
+                w.bytes(to)?;
+                w.hint(hint)?;
+                op::LINK
+            }
+            Request::Unlink { path, rmdir, hint } => {
+                w.bytes(path)?;
+                w.u32(u32::from(*rmdir))?;
+                w.hint(hint)?;
+                op::UNLINK
+            }
+            Request::Rename {
+                from,
+                to,
+                noreplace,
+                hint_from,
+                hint_to,
+            } => {
+                w.bytes(from)?;
+                w.bytes(to)?;
+                w.u32(u32::from(*noreplace))?;
+                w.hint(hint_from)?;
+                w.hint(hint_to)?;
+                op::RENAME
+            }
+            Request::SetAttr {
+                path,
+                follow,
+                attrs,
+            } => {
+                w.bytes(path)?;
+                w.u32(u32::from(*follow))?;
+                w.opt32(attrs.mode)?;
+                w.opt32(attrs.uid)?;
+                w.opt32(attrs.gid)?;
+                w.opt64(attrs.atime)?;
+                w.opt64(attrs.mtime)?;
+                op::SETATTR
+            }
+            Request::Ping => op::PING,
+        };
+        let len = w.at;
+        let body = (len - HEADER) as u32;
+        let buf = w.buf;
+        buf[0..2].copy_from_slice(&PROTO_VERSION.to_le_bytes());
+        buf[2..4].copy_from_slice(&op.to_le_bytes());
+        buf[4..8].copy_from_slice(&body.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[..8]), &buf[HEADER..len]);
+        buf[8..12].copy_from_slice(&crc.to_le_bytes());
+        Ok(len)
+    }
+
+    /// Decodes a request from `buf` (Kfs's private copy of a slot). Every
+    /// malformed input gives `EPROTO` (or `ENAMETOOLONG`), never a panic.
+    pub fn decode(buf: &'a [u8]) -> Result<Request<'a>, Errno> {
+        if buf.len() < HEADER {
+            return Err(Errno::EPROTO);
+        }
+        let version = u16::from_le_bytes([buf[0], buf[1]]);
+        let op = u16::from_le_bytes([buf[2], buf[3]]);
+        let body = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+        let crc = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+        if version != PROTO_VERSION {
+            return Err(Errno::EPROTO);
+        }
+        let end = HEADER.checked_add(body).ok_or(Errno::EPROTO)?;
+        let body = buf.get(HEADER..end).ok_or(Errno::EPROTO)?;
+        // The checksum covers version, op and length too.
+        if crc32c::crc32c_append(crc32c::crc32c(&buf[..8]), body) != crc {
+            return Err(Errno::EPROTO);
+        }
+        let mut r = R { buf: body, at: 0 };
+        let req = match op {
+            op::CREATE => Request::Create {
+                path: r.bytes()?,
+                mode: r.u32()?,
+                target: r.bytes()?,
+                hint: r.hint()?,
+            },
+            op::LINK => Request::Link {
+                from: r.bytes()?,
+                to: r.bytes()?,
+                hint: r.hint()?,
+            },
+            op::UNLINK => Request::Unlink {
+                path: r.bytes()?,
+                rmdir: r.bool()?,
+                hint: r.hint()?,
+            },
+            op::RENAME => Request::Rename {
+                from: r.bytes()?,
+                to: r.bytes()?,
+                noreplace: r.bool()?,
+                hint_from: r.hint()?,
+                hint_to: r.hint()?,
+            },
+            op::SETATTR => Request::SetAttr {
+                path: r.bytes()?,
+                follow: r.bool()?,
+                attrs: SetAttrs {
+                    mode: r.opt32()?,
+                    uid: r.opt32()?,
+                    gid: r.opt32()?,
+                    atime: r.opt64()?,
+                    mtime: r.opt64()?,
+                },
+            },
+            op::PING => Request::Ping,
+            _ => return Err(Errno::EPROTO),
+        };
+        if r.at != body.len() {
+            return Err(Errno::EPROTO);
+        }
+        Ok(req)
+    }
+
+    /// A short name of the operation, for statistics.
+    pub fn kind(&self) -> RequestKind {
+        match self {
+            Request::Create { mode, .. } => match mode & libc::S_IFMT {
+                libc::S_IFDIR => RequestKind::Mkdir,
+                libc::S_IFLNK => RequestKind::Symlink,
+                _ => RequestKind::Create,
+            },
+            Request::Link { .. } => RequestKind::Link,
+            Request::Unlink { rmdir: true, .. } => RequestKind::Rmdir,
+            Request::Unlink { .. } => RequestKind::Unlink,
+            Request::Rename { .. } => RequestKind::Rename,
+            Request::SetAttr { .. } => RequestKind::SetAttr,
+            Request::Ping => RequestKind::Ping,
+        }
+    }
+}
+
+/// Request types, for Kfs's per-type statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RequestKind {
+    #[allow(missing_docs)]
+    Create,
+    #[allow(missing_docs)]
+    Mkdir,
+    #[allow(missing_docs)]
+    Symlink,
+    #[allow(missing_docs)]
+    Link,
+    #[allow(missing_docs)]
+    Unlink,
+    #[allow(missing_docs)]
+    Rmdir,
+    #[allow(missing_docs)]
+    Rename,
+    #[allow(missing_docs)]
+    SetAttr,
+    #[allow(missing_docs)]
+    Ping,
+    /// A request that failed to decode.
+    Malformed,
+}
+
+impl RequestKind {
+    /// Every kind, in display order.
+    pub const ALL: [RequestKind; 10] = [
+        RequestKind::Create,
+        RequestKind::Mkdir,
+        RequestKind::Symlink,
+        RequestKind::Link,
+        RequestKind::Unlink,
+        RequestKind::Rmdir,
+        RequestKind::Rename,
+        RequestKind::SetAttr,
+        RequestKind::Ping,
+        RequestKind::Malformed,
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(any::<u8>(), 0..300)
+    }
+
+    fn hint() -> impl Strategy<Value = Option<Hint>> {
+        proptest::option::of(
+            (
+                any::<u64>(),
+                any::<u32>(),
+                0usize..=MAX_HEIGHT,
+                any::<u64>(),
+            )
+                .prop_map(|(dir, dir_gen, n, found)| {
+                    let mut h = Hint {
+                        dir,
+                        dir_gen,
+                        npreds: n as u32,
+                        found,
+                        ..Hint::default()
+                    };
+                    for i in 0..n {
+                        h.preds[i] = dir.wrapping_add(i as u64);
+                    }
+                    h
+                }),
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip_and_damage_is_refused(
+            a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
+            which in 0..6u8, flip in any::<prop::sample::Index>()
+        ) {
+            let req = match which {
+                0 => Request::Create { path: &a, mode, target: &b, hint: h1 },
+                1 => Request::Link { from: &a, to: &b, hint: h1 },
+                2 => Request::Unlink { path: &a, rmdir: mode & 1 == 1, hint: h1 },
+                3 => Request::Rename { from: &a, to: &b, noreplace: true, hint_from: h1, hint_to: h2 },
+                4 => Request::SetAttr { path: &a, follow: false, attrs: SetAttrs { mode: Some(mode), ..SetAttrs::default() } },
+                _ => Request::Ping,
+            };
+            let mut buf = vec![0u8; REQUEST_MAX];
+            let n = req.encode(&mut buf).unwrap();
+            prop_assert_eq!(Request::decode(&buf[..n]), Ok(req.clone()));
+            let mut bad = buf[..n].to_vec();
+            let i = flip.index(n);
+            bad[i] ^= 0x40;
+            // A flipped byte is caught by the version, length or checksum.
+            prop_assert!(Request::decode(&bad).is_err());
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = Request::decode(&buf);
+        }
+    }
+
+    #[test]
+    fn oversized_paths_are_refused_when_encoding() {
+        let long = vec![b'a'; PATH_MAX];
+        let mut buf = vec![0u8; REQUEST_MAX];
+        let req = Request::Unlink {
+            path: &long,
+            rmdir: false,
+            hint: None,
+        };
+        assert_eq!(req.encode(&mut buf), Err(Errno::ENAMETOOLONG));
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let r = Reply {
+            errno: 2,
+            ino: 7,
+            inode: 4096,
+            gen: 3,
+        };
+        assert_eq!(Reply::decode(&r.encode()), r);
+        assert_eq!(r.result(), Err(Errno::ENOENT));
+    }
+}

@@ -1,0 +1,269 @@
+//! The index arena as Kfs writes it: allocation of items by size class, the
+//! writes that publish them to lock-free readers, and retirement of removed
+//! items until no reader can still hold them (DESIGN §4.2, §9).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, Ordering};
+
+use kucofs_common::index::layout::*;
+use kucofs_common::index::IndexReader;
+use kucofs_common::pm::Shm;
+use kucofs_common::Errno;
+
+/// Virtual range reserved for an index (the memfd grows inside it).
+pub const INDEX_RESERVE: u64 = 64 << 30;
+/// Step by which the memfd grows.
+const GROW_STEP: u64 = 64 << 20;
+
+/// Item sizes: multiples of 16 up to 512, then powers of two up to 128 KiB.
+fn class_size(class: u16) -> u64 {
+    let c = u64::from(class);
+    if c < 32 {
+        16 * (c + 1)
+    } else {
+        1024 << (c - 32)
+    }
+}
+
+fn class_for(size: u64) -> Option<u16> {
+    if size <= 512 {
+        Some((size.max(1).div_ceil(16) - 1) as u16)
+    } else {
+        (32u16..40).find(|&c| class_size(c) >= size)
+    }
+}
+
+/// The writable index: its memory, the allocator, and the retired items.
+#[derive(Debug)]
+pub struct Arena {
+    shm: Shm,
+    /// End of the allocated part.
+    used: u64,
+    /// Free items by size class.
+    free: Vec<Vec<u64>>,
+    /// Removed items waiting for their grace period: (epoch, offset).
+    retired: VecDeque<(u64, u64)>,
+    /// Bytes in live items.
+    live_bytes: u64,
+}
+
+impl Arena {
+    /// A new, empty arena with its header written.
+    pub fn new() -> Result<Arena, Errno> {
+        let shm =
+            Shm::create("kucofs-index", GROW_STEP, INDEX_RESERVE).map_err(|_| Errno::ENOMEM)?;
+        let a = Arena {
+            shm,
+            used: HEADER_SIZE,
+            free: vec![Vec::new(); 40],
+            retired: VecDeque::new(),
+            live_bytes: 0,
+        };
+        a.put(HDR_EPOCH, 1)?;
+        a.put(HDR_USED, HEADER_SIZE)?;
+        a.put(HDR_MAGIC, MAGIC)?;
+        Ok(a)
+    }
+
+    /// The shared memory, for mapping into clients.
+    pub fn shm(&self) -> &Shm {
+        &self.shm
+    }
+
+    /// A reader over Kfs's own mapping.
+    pub fn reader(&self) -> IndexReader<'_, Shm> {
+        IndexReader::new(&self.shm)
+    }
+
+    /// Bytes of the arena in use (allocated, live or waiting).
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Bytes in live items.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Items waiting for a grace period.
+    pub fn retired(&self) -> usize {
+        self.retired.len()
+    }
+
+    /// Stores a word that readers may load concurrently. `Release`: every
+    /// earlier store to the item is visible to a reader that `Acquire`s it.
+    pub fn put(&self, off: u64, v: u64) -> Result<(), Errno> {
+        self.shm
+            .store_u64(off, v, Ordering::Release)
+            .map_err(|_| Errno::EFAULT)
+    }
+
+    /// Stores a 4-byte word.
+    pub fn put32(&self, off: u64, v: u32) -> Result<(), Errno> {
+        self.shm
+            .store_u32(off, v, Ordering::Release)
+            .map_err(|_| Errno::EFAULT)
+    }
+
+    /// Loads a word through Kfs's mapping.
+    pub fn get(&self, off: u64) -> u64 {
+        use kucofs_common::pm::Words;
+        self.shm.load_u64(off, Ordering::Acquire)
+    }
+
+    /// Copies bytes into an item that is not yet published.
+    pub fn put_bytes(&self, off: u64, bytes: &[u8]) -> Result<(), Errno> {
+        self.shm.write(off, bytes).map_err(|_| Errno::EFAULT)
+    }
+
+    /// Allocates an item of at least `size` bytes, tagged `tag`, zeroed, and
+    /// returns its offset. Its header is written last, so a stale client
+    /// offset to the old item fails the generation check from then on.
+    pub fn alloc(&mut self, tag: u16, size: u64) -> Result<u64, Errno> {
+        let class = class_for(size).ok_or(Errno::ENAMETOOLONG)?;
+        let bytes = class_size(class);
+        let (off, gen) = match self.free[class as usize].pop() {
+            Some(off) => (off, header_gen(self.get(off)).wrapping_add(1)),
+            None => {
+                let off = self.used;
+                let end = off + bytes;
+                if end > self.shm.len() {
+                    let want = end.next_multiple_of(GROW_STEP);
+                    self.shm.grow(want).map_err(|_| Errno::ENOMEM)?;
+                }
+                self.used = end;
+                self.put(HDR_USED, end)?;
+                (off, 1)
+            }
+        };
+        let zeros = [0u8; 512];
+        let mut at = 8;
+        while at < bytes {
+            let n = (bytes - at).min(512);
+            self.put_bytes(off + at, &zeros[..n as usize])?;
+            at += n;
+        }
+        self.put(off, header(tag, class, gen))?;
+        self.live_bytes += bytes;
+        Ok(off)
+    }
+
+    /// Marks an item removed: it stays readable for readers that reached it,
+    /// but no request may name it any more. It is reused after the grace
+    /// period of the current epoch.
+    pub fn retire(&mut self, off: u64) -> Result<(), Errno> {
+        let h = self.get(off);
+        self.put(
+            off,
+            header(header_tag(h) | TAG_DEAD, header_class(h), header_gen(h)),
+        )?;
+        let epoch = self.get(HDR_EPOCH);
+        self.retired.push_back((epoch, off));
+        Ok(())
+    }
+
+    /// Starts a new epoch if anything waits for one, and frees what no
+    /// reader can hold any more. `readers` yields every client thread's
+    /// epoch slot: 0 when it is outside the index, else 1 + the epoch it
+    /// entered in.
+    pub fn reclaim(&mut self, readers: impl Iterator<Item = u64>) -> Result<usize, Errno> {
+        if self.retired.is_empty() {
+            return Ok(0);
+        }
+        // SeqCst: the new epoch is ordered before the slot loads below in the
+        // single total order, pairing with a reader's SeqCst store of its
+        // slot followed by its SeqCst re-load of the epoch: either we see
+        // its slot, or it sees the new epoch (and cannot reach what was
+        // unlinked before it).
+        let next = self.get(HDR_EPOCH) + 1;
+        self.shm
+            .store_u64(HDR_EPOCH, next, Ordering::SeqCst)
+            .map_err(|_| Errno::EFAULT)?;
+        fence(Ordering::SeqCst);
+        let oldest_reader = readers
+            .filter(|&s| s != 0)
+            .map(|s| s - 1)
+            .min()
+            .unwrap_or(u64::MAX);
+        let mut freed = 0;
+        while let Some(&(epoch, off)) = self.retired.front() {
+            if epoch >= oldest_reader {
+                break;
+            }
+            self.retired.pop_front();
+            let class = header_class(self.get(off));
+            self.put(off, header(0, class, header_gen(self.get(off))))?;
+            self.free[class as usize].push(off);
+            self.live_bytes -= class_size(class);
+            freed += 1;
+        }
+        Ok(freed)
+    }
+
+    /// Begins a change of an inode's attributes (sequence lock: odd).
+    pub fn seq_begin(&self, inode: u64) -> Result<(), Errno> {
+        let s = self.get(inode + I_SEQ);
+        self.shm
+            .store_u64(inode + I_SEQ, s | 1, Ordering::Relaxed)
+            .map_err(|_| Errno::EFAULT)?;
+        // Orders the odd sequence before the field stores that follow; pairs
+        // with the reader's Acquire fence before its re-check of `seq`.
+        fence(Ordering::Release);
+        Ok(())
+    }
+
+    /// Ends a change of an inode's attributes (sequence lock: even again).
+    pub fn seq_end(&self, inode: u64) -> Result<(), Errno> {
+        let s = self.get(inode + I_SEQ);
+        // Release: the field stores are visible before the even sequence;
+        // pairs with the reader's Acquire load of `seq`.
+        self.put(inode + I_SEQ, (s | 1) + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_cover_every_size() {
+        for size in 1..=131072u64 {
+            let c = class_for(size).unwrap();
+            assert!(class_size(c) >= size);
+            if c > 0 && c < 32 {
+                assert!(class_size(c - 1) < size);
+            }
+        }
+        assert_eq!(class_for(131073), None);
+    }
+
+    #[test]
+    fn items_are_reused_only_after_every_reader_left_their_epoch() {
+        let mut a = Arena::new().unwrap();
+        let x = a.alloc(TAG_INODE, INODE_SIZE).unwrap();
+        let gen = header_gen(a.get(x));
+        a.retire(x).unwrap();
+        assert_eq!(header_tag(a.get(x)), TAG_INODE | TAG_DEAD);
+        let retired_in = a.get(HDR_EPOCH);
+        // A reader pinned in the retiring epoch holds it back.
+        assert_eq!(a.reclaim([retired_in + 1, 0].into_iter()).unwrap(), 0);
+        let y = a.alloc(TAG_INODE, INODE_SIZE).unwrap();
+        assert_ne!(x, y);
+        // Once every reader is outside or later, it is freed and reused with
+        // a new generation.
+        assert_eq!(a.reclaim([0, a.get(HDR_EPOCH) + 1].into_iter()).unwrap(), 1);
+        let z = a.alloc(TAG_INODE, INODE_SIZE).unwrap();
+        assert_eq!(z, x);
+        assert_eq!(header_gen(a.get(z)), gen + 1);
+    }
+
+    #[test]
+    fn the_arena_grows_past_its_first_step() {
+        let mut a = Arena::new().unwrap();
+        let first = a.shm().len();
+        for _ in 0..(first / 65536 + 2) {
+            a.alloc(TAG_DIRENT, 65536).unwrap();
+        }
+        assert!(a.shm().len() > first);
+    }
+}

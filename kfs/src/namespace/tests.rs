@@ -1,0 +1,480 @@
+use kucofs_common::index::layout::{TAG_DIRENT, TAG_INODE};
+use kucofs_common::proto::SetAttrs;
+
+use super::*;
+
+const ME: Creds = Creds {
+    uid: 1000,
+    gid: 100,
+};
+
+fn ns() -> Namespace {
+    Namespace::new(Creds::default(), 1).unwrap()
+}
+
+fn create(ns: &mut Namespace, path: &str) -> Result<Reply, Errno> {
+    ns.execute(
+        &Request::Create {
+            path: path.as_bytes(),
+            mode: libc::S_IFREG | 0o644,
+            target: b"",
+            hint: None,
+        },
+        ME,
+    )
+}
+
+fn mkdir(ns: &mut Namespace, path: &str) -> Result<Reply, Errno> {
+    ns.execute(
+        &Request::Create {
+            path: path.as_bytes(),
+            mode: libc::S_IFDIR | 0o755,
+            target: b"",
+            hint: None,
+        },
+        ME,
+    )
+}
+
+fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) -> Result<Reply, Errno> {
+    ns.execute(
+        &Request::Unlink {
+            path: path.as_bytes(),
+            rmdir,
+            hint: None,
+        },
+        ME,
+    )
+}
+
+fn rename(ns: &mut Namespace, from: &str, to: &str) -> Result<Reply, Errno> {
+    ns.execute(
+        &Request::Rename {
+            from: from.as_bytes(),
+            to: to.as_bytes(),
+            noreplace: false,
+            hint_from: None,
+            hint_to: None,
+        },
+        ME,
+    )
+}
+
+fn names(ns: &Namespace, dir: &str) -> Vec<String> {
+    let r = ns.reader();
+    let d = r.resolve(dir.as_bytes(), true).unwrap();
+    let mut out = Vec::new();
+    r.read_dir(d, None, usize::MAX, &mut out);
+    let mut v: Vec<String> = out
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+/// What a client would send: the parent and the search result for `path`.
+fn hint_for(ns: &Namespace, path: &str) -> Hint {
+    let r = ns.reader();
+    let p = r.resolve_parent(path.as_bytes()).unwrap();
+    let Last::Name(name) = p.last else { panic!() };
+    let s = r.search(p.dir, name_hash(name), name);
+    Hint {
+        dir: p.dir,
+        dir_gen: header_gen(r.header(p.dir)),
+        npreds: MAX_HEIGHT as u32,
+        preds: s.preds,
+        found: s.found,
+        found_gen: if s.found != 0 {
+            header_gen(r.header(s.found))
+        } else {
+            0
+        },
+    }
+}
+
+#[test]
+fn a_tree_is_built_read_and_torn_down() {
+    let mut ns = ns();
+    mkdir(&mut ns, "a").unwrap();
+    mkdir(&mut ns, "a/b").unwrap();
+    let f = create(&mut ns, "a/b/f").unwrap();
+    assert_eq!(names(&ns, "a"), ["b"]);
+    assert_eq!(names(&ns, "/a/b/"), ["f"]);
+    let r = ns.reader();
+    let attr = r.attr(r.resolve(b"a//b/./f", true).unwrap()).unwrap();
+    assert_eq!(
+        (attr.ino, attr.uid, attr.gid, attr.nlink),
+        (f.ino, 1000, 100, 1)
+    );
+    assert_eq!(attr.mode, libc::S_IFREG | 0o644);
+    let a = r.attr(r.resolve(b"a", true).unwrap()).unwrap();
+    assert_eq!((a.nlink, a.entries), (3, 1));
+    assert_eq!(r.resolve(b"a/b/..", true).unwrap(), a.offset);
+    assert_eq!(r.resolve(b"../../a", true).unwrap(), a.offset);
+
+    assert_eq!(create(&mut ns, "a/b/f").unwrap_err(), Errno::EEXIST);
+    assert_eq!(unlink(&mut ns, "a", true).unwrap_err(), Errno::ENOTEMPTY);
+    assert_eq!(unlink(&mut ns, "a/b", false).unwrap_err(), Errno::EISDIR);
+    assert_eq!(unlink(&mut ns, "a/b/f", true).unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(
+        unlink(&mut ns, "a/b/f/", false).unwrap_err(),
+        Errno::ENOTDIR
+    );
+    assert_eq!(create(&mut ns, "a/b/f/g").unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(create(&mut ns, "nope/g").unwrap_err(), Errno::ENOENT);
+    assert_eq!(
+        create(&mut ns, &"x".repeat(256)).unwrap_err(),
+        Errno::ENAMETOOLONG
+    );
+    unlink(&mut ns, "a/b/f", false).unwrap();
+    unlink(&mut ns, "a/b", true).unwrap();
+    unlink(&mut ns, "a", true).unwrap();
+    assert!(names(&ns, "/").is_empty());
+    assert_eq!(ns.inode_count(), 1);
+    let root = ns.reader().attr(ns.reader().root()).unwrap();
+    assert_eq!((root.nlink, root.entries), (2, 0));
+}
+
+#[test]
+fn symlinks_are_followed_within_the_limit() {
+    let mut ns = ns();
+    mkdir(&mut ns, "d").unwrap();
+    create(&mut ns, "d/f").unwrap();
+    let sym = |ns: &mut Namespace, path: &str, target: &str| {
+        ns.execute(
+            &Request::Create {
+                path: path.as_bytes(),
+                mode: libc::S_IFLNK | 0o777,
+                target: target.as_bytes(),
+                hint: None,
+            },
+            ME,
+        )
+    };
+    sym(&mut ns, "l", "d").unwrap();
+    sym(&mut ns, "loop", "loop").unwrap();
+    sym(&mut ns, "abs", "/d/f").unwrap();
+    let r = ns.reader();
+    let f = r.resolve(b"d/f", true).unwrap();
+    assert_eq!(r.resolve(b"l/f", true).unwrap(), f);
+    assert_eq!(r.resolve(b"abs", true).unwrap(), f);
+    let l = r.resolve(b"l", false).unwrap();
+    assert_eq!(r.kind(l), Some(Kind::Symlink));
+    assert_eq!(r.readlink(l).unwrap(), b"d");
+    assert_eq!(r.attr(l).unwrap().size, 1);
+    assert_eq!(r.resolve(b"loop", true).unwrap_err(), Errno::ELOOP);
+    assert_eq!(r.resolve(b"loop/x", true).unwrap_err(), Errno::ELOOP);
+    assert_eq!(r.resolve(b"abs/", true).unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(sym(&mut ns, "e", "").unwrap_err(), Errno::ENOENT);
+    // Creating through a dangling symlink with O_EXCL semantics: EEXIST.
+    sym(&mut ns, "dangling", "nowhere").unwrap();
+    assert_eq!(create(&mut ns, "dangling").unwrap_err(), Errno::EEXIST);
+}
+
+#[test]
+fn renames_follow_posix() {
+    let mut ns = ns();
+    mkdir(&mut ns, "a").unwrap();
+    mkdir(&mut ns, "a/sub").unwrap();
+    mkdir(&mut ns, "b").unwrap();
+    create(&mut ns, "f").unwrap();
+    create(&mut ns, "g").unwrap();
+    assert_eq!(rename(&mut ns, "a", "a/sub/x").unwrap_err(), Errno::EINVAL);
+    assert_eq!(rename(&mut ns, "a/sub", "a").unwrap_err(), Errno::ENOTEMPTY);
+    assert_eq!(rename(&mut ns, "f", "a").unwrap_err(), Errno::EISDIR);
+    assert_eq!(rename(&mut ns, "b", "f").unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(rename(&mut ns, "missing", "x").unwrap_err(), Errno::ENOENT);
+    assert_eq!(rename(&mut ns, "f", "g/").unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(rename(&mut ns, "b", "a").unwrap_err(), Errno::ENOTEMPTY);
+    let noreplace = Request::Rename {
+        from: b"f",
+        to: b"g",
+        noreplace: true,
+        hint_from: None,
+        hint_to: None,
+    };
+    assert_eq!(ns.execute(&noreplace, ME).unwrap_err(), Errno::EEXIST);
+
+    // File over file: the target's inode goes away.
+    let g_ino = ns.reader().ino(ns.reader().resolve(b"g", true).unwrap());
+    let f = rename(&mut ns, "f", "g").unwrap();
+    assert_eq!(names(&ns, "/"), ["a", "b", "g"]);
+    assert_eq!(ns.reader().resolve(b"g", true).unwrap(), f.inode);
+    assert_eq!(ns.reader().inode_by_ino(g_ino), 0);
+    // Directory across directories: link counts and "..".
+    rename(&mut ns, "a/sub", "b/sub2").unwrap();
+    let r = ns.reader();
+    let (a, b) = (
+        r.resolve(b"a", true).unwrap(),
+        r.resolve(b"b", true).unwrap(),
+    );
+    assert_eq!((r.attr(a).unwrap().nlink, r.attr(b).unwrap().nlink), (2, 3));
+    assert_eq!(r.resolve(b"b/sub2/..", true).unwrap(), b);
+    // Directory over an empty directory.
+    rename(&mut ns, "b/sub2", "a").unwrap();
+    assert_eq!(names(&ns, "/"), ["a", "b", "g"]);
+    let r = ns.reader();
+    let b = r.resolve(b"b", true).unwrap();
+    assert_eq!(r.attr(b).unwrap().nlink, 2);
+    assert_eq!(r.attr(r.root()).unwrap().nlink, 4);
+    // Hard links to one inode: renaming one onto the other changes nothing.
+    ns.execute(
+        &Request::Link {
+            from: b"g",
+            to: b"h",
+            hint: None,
+        },
+        ME,
+    )
+    .unwrap();
+    rename(&mut ns, "g", "h").unwrap();
+    assert_eq!(names(&ns, "/"), ["a", "b", "g", "h"]);
+    let r = ns.reader();
+    assert_eq!(r.attr(r.resolve(b"h", true).unwrap()).unwrap().nlink, 2);
+    assert_eq!(
+        ns.execute(
+            &Request::Link {
+                from: b"a",
+                to: b"z",
+                hint: None
+            },
+            ME
+        )
+        .unwrap_err(),
+        Errno::EPERM
+    );
+}
+
+#[test]
+fn setattr_changes_permission_bits_owner_and_times() {
+    let mut ns = ns();
+    create(&mut ns, "f").unwrap();
+    let req = Request::SetAttr {
+        path: b"f",
+        follow: true,
+        attrs: SetAttrs {
+            mode: Some(0o4711),
+            uid: Some(7),
+            gid: Some(8),
+            atime: Some(11),
+            mtime: Some(22),
+        },
+    };
+    ns.execute(&req, ME).unwrap();
+    let r = ns.reader();
+    let a = r.attr(r.resolve(b"f", true).unwrap()).unwrap();
+    assert_eq!(
+        (a.mode, a.uid, a.gid, a.atime, a.mtime),
+        (libc::S_IFREG | 0o4711, 7, 8, 11, 22)
+    );
+    let bad = Request::SetAttr {
+        path: b"f",
+        follow: true,
+        attrs: SetAttrs {
+            mode: Some(0o170000),
+            ..SetAttrs::default()
+        },
+    };
+    assert_eq!(ns.execute(&bad, ME).unwrap_err(), Errno::EINVAL);
+}
+
+#[test]
+fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
+    let mut ns = ns();
+    mkdir(&mut ns, "d").unwrap();
+    for i in 0..200 {
+        create(&mut ns, &format!("d/f{i}")).unwrap();
+    }
+    let before = ns.hint_stats();
+    let h = hint_for(&ns, "d/new");
+    let req = Request::Create {
+        path: b"d/new",
+        mode: libc::S_IFREG | 0o600,
+        target: b"",
+        hint: Some(h),
+    };
+    ns.execute(&req, ME).unwrap();
+    assert_eq!(ns.hint_stats().used, before.used + 1);
+
+    let h = hint_for(&ns, "d/f7");
+    ns.execute(
+        &Request::Unlink {
+            path: b"d/f7",
+            rmdir: false,
+            hint: Some(h),
+        },
+        ME,
+    )
+    .unwrap();
+    assert_eq!(ns.hint_stats().used, before.used + 2);
+
+    // Forgeries: every one must be detected, and the request still succeed.
+    let good = hint_for(&ns, "d/x");
+    let used = ns.arena().used();
+    let forged = [
+        Hint {
+            preds: [u64::MAX; MAX_HEIGHT],
+            ..good
+        },
+        Hint {
+            preds: [good.preds[0] + 8; MAX_HEIGHT],
+            ..good
+        },
+        Hint {
+            preds: [good.dir; MAX_HEIGHT],
+            ..good
+        },
+        Hint {
+            preds: [used + 4096; MAX_HEIGHT],
+            ..good
+        },
+        Hint {
+            dir_gen: good.dir_gen + 1,
+            ..good
+        },
+        Hint {
+            dir: good.dir + 16,
+            ..good
+        },
+        Hint { dir: 0, ..good },
+        Hint {
+            dir: ns.reader().root(),
+            ..good
+        },
+        Hint { npreds: 99, ..good },
+    ];
+    for (i, h) in forged.iter().enumerate() {
+        let path = format!("d/x{i}");
+        let req = Request::Create {
+            path: path.as_bytes(),
+            mode: libc::S_IFREG | 0o600,
+            target: b"",
+            hint: Some(*h),
+        };
+        let stale_before = ns.hint_stats().stale;
+        let reply = ns.execute(&req, ME).unwrap();
+        let r = ns.reader();
+        // A hint naming the root as parent puts the file there: a client
+        // may create in any directory it can name, so that is its request
+        // rather than a forgery Kfs could detect.
+        let lands = if i == 7 { format!("x{i}") } else { path.clone() };
+        assert_eq!(
+            r.resolve(lands.as_bytes(), true).unwrap(),
+            reply.inode,
+            "forgery {i}"
+        );
+        assert!(r.is_live(reply.inode, TAG_INODE, Some(reply.gen)));
+        if i != 7 {
+            assert_eq!(
+                ns.hint_stats().stale,
+                stale_before + 1,
+                "forgery {i} not detected"
+            );
+        }
+    }
+    // A freed entry as the "found" of an unlink hint.
+    let h = hint_for(&ns, "d/f8");
+    unlink(&mut ns, "d/f8", false).unwrap();
+    ns.reclaim(std::iter::empty()).unwrap();
+    assert!(!ns.reader().is_live(h.found, TAG_DIRENT, None));
+    let req = Request::Unlink {
+        path: b"d/f8",
+        rmdir: false,
+        hint: Some(h),
+    };
+    assert_eq!(ns.execute(&req, ME).unwrap_err(), Errno::ENOENT);
+    assert_eq!(names(&ns, "d").len(), 200 - 2 + 1 + forged.len() - 1);
+}
+
+#[test]
+fn a_large_directory_lists_in_key_order_and_resumes_by_key() {
+    let mut ns = ns();
+    mkdir(&mut ns, "big").unwrap();
+    for i in 0..5000 {
+        create(&mut ns, &format!("big/file-{i}")).unwrap();
+    }
+    let r = ns.reader();
+    let d = r.resolve(b"big", true).unwrap();
+    let mut all = Vec::new();
+    let mut after: Option<(u64, Vec<u8>)> = None;
+    loop {
+        let mut batch = Vec::new();
+        let more = r.read_dir(
+            d,
+            after.as_ref().map(|(h, n)| (*h, n.as_slice())),
+            333,
+            &mut batch,
+        );
+        after = batch.last().map(|e| (e.hash, e.name.clone()));
+        all.extend(batch);
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(all.len(), 5000);
+    assert!(all
+        .windows(2)
+        .all(|w| (w[0].hash, &w[0].name) < (w[1].hash, &w[1].name)));
+    for i in (0..5000).step_by(2) {
+        unlink(&mut ns, &format!("big/file-{i}"), false).unwrap();
+    }
+    assert_eq!(names(&ns, "big").len(), 2500);
+    assert_eq!(
+        ns.reader()
+            .attr(ns.reader().resolve(b"big", true).unwrap())
+            .unwrap()
+            .entries,
+        2500
+    );
+}
+
+#[test]
+fn replaying_records_twice_changes_nothing_the_second_time() {
+    let mut a = ns();
+    let mut log = Vec::new();
+    for req in [
+        Request::Create {
+            path: b"d",
+            mode: libc::S_IFDIR | 0o700,
+            target: b"",
+            hint: None,
+        },
+        Request::Create {
+            path: b"d/f",
+            mode: libc::S_IFREG | 0o600,
+            target: b"",
+            hint: None,
+        },
+        Request::Link {
+            from: b"d/f",
+            to: b"g",
+            hint: None,
+        },
+        Request::Rename {
+            from: b"g",
+            to: b"d/h",
+            noreplace: false,
+            hint_from: None,
+            hint_to: None,
+        },
+        Request::Unlink {
+            path: b"d/f",
+            rmdir: false,
+            hint: None,
+        },
+    ] {
+        if let Outcome::Change(p) = a.prepare(&req, ME).unwrap() {
+            log.push(p.record.clone());
+            a.commit(*p).unwrap();
+        }
+    }
+    let mut b = Namespace::new(Creds::default(), 1).unwrap();
+    for rec in log.iter().chain(log.iter()) {
+        b.apply(rec).unwrap();
+    }
+    assert_eq!(names(&b, "d"), ["h"]);
+    assert_eq!(names(&b, "/"), ["d"]);
+    let r = b.reader();
+    assert_eq!(r.attr(r.resolve(b"d/h", true).unwrap()).unwrap().nlink, 1);
+}
