@@ -576,5 +576,81 @@ pub fn scan_log(log: &[u8], first_seq: u64) -> Vec<(u64, LogEntryHeader)> {
     entries
 }
 
+/// Size of a checkpoint header.
+pub const CHECKPOINT_HEADER_SIZE: usize = 64;
+/// "KucoCKP1".
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"KucoCKP1";
+
+/// The header at the start of a checkpoint slot. The body (the serialized
+/// namespace, see Kfs's checkpoint module) follows it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+pub struct CheckpointHeader {
+    /// [`CHECKPOINT_MAGIC`].
+    pub magic: [u8; 8],
+    /// The log sequence the checkpoint covers everything before.
+    pub seq: u64,
+    /// Bytes of the body.
+    pub body_len: u64,
+    /// Inode records in the body.
+    pub inodes: u64,
+    /// Entry records in the body.
+    pub entries: u64,
+    /// CRC-32C of the body.
+    pub body_crc: u32,
+    /// Zero.
+    pub pad: u32,
+    /// Zero.
+    pub reserved: [u8; 12],
+    /// CRC-32C of the header's bytes before this field.
+    pub header_crc: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<CheckpointHeader>() == CHECKPOINT_HEADER_SIZE);
+
+impl CheckpointHeader {
+    /// A header for `body`, checksums computed.
+    pub fn new(seq: u64, body: &[u8], inodes: u64, entries: u64) -> CheckpointHeader {
+        let mut h = CheckpointHeader {
+            magic: CHECKPOINT_MAGIC,
+            seq,
+            body_len: body.len() as u64,
+            inodes,
+            entries,
+            body_crc: crc32c::crc32c(body),
+            pad: 0,
+            reserved: [0; 12],
+            header_crc: 0,
+        };
+        h.header_crc = crc32c::crc32c(&bytemuck::bytes_of(&h)[..CHECKPOINT_HEADER_SIZE - 4]);
+        h
+    }
+
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; CHECKPOINT_HEADER_SIZE] {
+        let mut out = [0u8; CHECKPOINT_HEADER_SIZE];
+        out.copy_from_slice(bytemuck::bytes_of(self));
+        out
+    }
+
+    /// Reads and checks a header: magic, header checksum, zero padding.
+    pub fn decode(bytes: &[u8]) -> Result<CheckpointHeader, &'static str> {
+        let b = bytes
+            .get(..CHECKPOINT_HEADER_SIZE)
+            .ok_or("checkpoint header is truncated")?;
+        let h: CheckpointHeader = bytemuck::pod_read_unaligned(b);
+        if h.magic != CHECKPOINT_MAGIC {
+            return Err("checkpoint has no magic");
+        }
+        if crc32c::crc32c(&b[..CHECKPOINT_HEADER_SIZE - 4]) != h.header_crc {
+            return Err("checkpoint header checksum mismatch");
+        }
+        if h.pad != 0 || h.reserved != [0; 12] {
+            return Err("checkpoint header reserved bytes are not zero");
+        }
+        Ok(h)
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -32,6 +32,9 @@ pub enum Error {
         a: SuperblockFault,
         b: SuperblockFault,
     },
+    /// Recovery could not rebuild the file system from checkpoint and log.
+    #[error("recovering {path} failed: {why} (run kucofs fsck for details)")]
+    Recovery { path: PathBuf, why: String },
     /// The image is shorter than the geometry its superblock describes.
     #[error("{path} holds {len} bytes, but its superblock describes a {needed}-byte file system (was the image truncated?)")]
     TooShort {
@@ -52,7 +55,7 @@ impl Error {
             Error::NotKucofs { .. }
             | Error::UnsupportedVersion { .. }
             | Error::UnsupportedFeatures { .. } => libc::EINVAL,
-            Error::BothCorrupt { .. } | Error::TooShort { .. } => libc::EIO,
+            Error::BothCorrupt { .. } | Error::TooShort { .. } | Error::Recovery { .. } => libc::EIO,
         }
     }
 }

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::format::{
-    scan_log, Geometry, GeometryError, Superblock, SuperblockFault, FORMAT_VERSION, PAGE_SIZE,
+    scan_log, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault, FORMAT_VERSION, PAGE_SIZE,
     SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use kucofs_common::pm::{Hardware, MapMode, Persist, Region, RegionView};
+use kucofs_common::proto::Creds;
 use kucofs_common::size::format_size;
 
 use crate::{Error, Result};
@@ -77,6 +78,18 @@ pub fn mkfs_with(
         region.flush(offset, len)?;
     }
     region.fence();
+    // The root directory, owned by whoever makes the file system, is the
+    // first checkpoint.
+    let root = Creds {
+        uid: rustix::process::geteuid().as_raw(),
+        gid: rustix::process::getegid().as_raw(),
+    };
+    crate::volume::initial_checkpoint(&region, &geometry, root).map_err(|e| {
+        kucofs_common::Error::Unusable {
+            path: path.into(),
+            why: format!("writing the first checkpoint failed: {e}"),
+        }
+    })?;
     let superblock = Superblock {
         seq: 1,
         compat: 0,
@@ -85,7 +98,7 @@ pub fn mkfs_with(
         uuid: new_uuid(),
         created_ns: now_ns(),
         geometry,
-        checkpoint: None,
+        checkpoint: Some(CheckpointRef { slot: 0, seq: 1 }),
         log_seq: 1,
     };
     write_superblock(&region, &superblock)?;
@@ -367,7 +380,7 @@ impl fmt::Display for ImageReport {
             pct(self.log_bytes, g.log.len())
         )?;
         match sb.checkpoint {
-            None => writeln!(f, "checkpoint:   none yet (empty file system)"),
+            None => writeln!(f, "checkpoint:   none"),
             Some(c) => writeln!(f, "checkpoint:   slot {}, sequence {}", c.slot, c.seq),
         }
     }

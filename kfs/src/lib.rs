@@ -4,10 +4,14 @@
 //! ([`Image`]), and inspects them ([`inspect`]).
 
 pub mod arena;
+pub mod checkpoint;
 mod error;
 pub mod image;
+pub mod log;
 pub mod namespace;
 pub mod record;
+pub mod volume;
 
 pub use error::{Error, Result};
 pub use image::{inspect, mkfs, Image, ImageReport};
+pub use volume::Volume;

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::index::layout::*;
 use kucofs_common::index::{
-    check_name, name_hash, split_path, IndexReader, Kind, Last, Parent, PATH_MAX,
+    check_name, name_hash, split_path, IndexReader, InodeAttr, Kind, Last, Parent, PATH_MAX,
 };
 use kucofs_common::pm::Shm;
 use kucofs_common::proto::{Creds, Hint, Reply, Request};
@@ -1028,6 +1028,94 @@ impl Namespace {
             }
         }
         Ok(self.reply_for(inode))
+    }
+
+    // ---- checkpoints -------------------------------------------------------------
+
+    /// Restores an inode from a checkpoint (the root's attributes overwrite
+    /// the fresh root's).
+    pub fn load_inode(&mut self, a: &InodeAttr, target: &[u8]) -> Result<u64, Errno> {
+        let inode = match self.reader().inode_by_ino(a.ino) {
+            0 => {
+                if Kind::from_mode(a.mode).is_none() || a.ino == 0 {
+                    return Err(Errno::EINVAL);
+                }
+                self.new_inode(a.ino, a.mode, a.uid, a.gid, a.ctime, 0, target)?
+            }
+            existing if a.ino == ROOT_INO && a.mode & libc::S_IFMT == libc::S_IFDIR => existing,
+            _ => return Err(Errno::EEXIST),
+        };
+        self.update(inode, |x| {
+            x.put32(inode + I_MODE, a.mode)?;
+            x.put32(inode + I_NLINK, a.nlink)?;
+            x.put32(inode + I_UID, a.uid)?;
+            x.put32(inode + I_GID, a.gid)?;
+            x.put(inode + I_SIZE, a.size)?;
+            x.put(inode + I_ATIME, a.atime as u64)?;
+            x.put(inode + I_MTIME, a.mtime as u64)?;
+            x.put(inode + I_CTIME, a.ctime as u64)?;
+            x.put(inode + I_BTIME, a.btime as u64)
+        })?;
+        Ok(inode)
+    }
+
+    /// Restores a directory entry from a checkpoint; both inodes exist.
+    pub fn load_entry(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<(), Errno> {
+        check_name(name)?;
+        let dir = self.inode_of(parent)?;
+        let inode = self.inode_of(ino)?;
+        if self.reader().kind(dir) != Some(Kind::Dir) {
+            return Err(Errno::ENOTDIR);
+        }
+        let (preds, found, height) = self.insert_point(dir, name_hash(name), name, None);
+        if found != 0 {
+            return Err(Errno::EEXIST);
+        }
+        self.link_entry(dir, name, inode, &preds, height)?;
+        let entries = self.reader().attr(dir).ok_or(Errno::EIO)?.entries + 1;
+        self.update(dir, |a| a.put(dir + I_ENTRIES, entries))?;
+        if self.reader().kind(inode) == Some(Kind::Dir) {
+            if self.reader().parent(inode) != 0 {
+                // A directory with two names.
+                return Err(Errno::EMLINK);
+            }
+            self.update(inode, |a| a.put(inode + I_PARENT, dir))?;
+        }
+        Ok(())
+    }
+
+    /// Visits the tree depth-first from the root: every inode once, before
+    /// any entry that names it, and every entry (parent ino, name, ino).
+    pub fn walk(&self, mut inode_fn: impl FnMut(&InodeAttr, Option<Vec<u8>>), mut entry_fn: impl FnMut(u64, &[u8], u64)) {
+        let r = self.reader();
+        let root = r.root();
+        let Some(root_attr) = r.attr(root) else { return };
+        inode_fn(&root_attr, None);
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![root];
+        while let Some(dir) = stack.pop() {
+            let dir_ino = r.ino(dir);
+            let mut after: Option<(u64, Vec<u8>)> = None;
+            loop {
+                let mut batch = Vec::new();
+                let more = r.read_dir(dir, after.as_ref().map(|(h, n)| (*h, n.as_slice())), 1024, &mut batch);
+                for e in &batch {
+                    if seen.insert(e.ino) {
+                        if let Some(a) = r.attr(e.inode) {
+                            inode_fn(&a, r.readlink(e.inode));
+                        }
+                        if e.kind == Kind::Dir {
+                            stack.push(e.inode);
+                        }
+                    }
+                    entry_fn(dir_ino, &e.name, e.ino);
+                }
+                after = batch.last().map(|e| (e.hash, e.name.clone()));
+                if !more {
+                    break;
+                }
+            }
+        }
     }
 
     /// Prepares and applies a request with no log (tests and tools).

@@ -101,6 +101,9 @@ impl<'a> Reader<'a> {
         self.at = end;
         Ok(s)
     }
+    pub(crate) fn take_u8(&mut self) -> Result<u8, Errno> {
+        Ok(self.take(1)?[0])
+    }
     pub(crate) fn u32(&mut self) -> Result<u32, Errno> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().map_err(|_| Errno::EPROTO)?,

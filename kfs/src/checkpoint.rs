@@ -1,0 +1,189 @@
+//! Checkpoints: the whole namespace serialized into one of the two
+//! checkpoint slots, so the log can start over (DESIGN §10).
+//!
+//! A checkpoint is written into the slot not in use, persisted, and only
+//! then named by the superblock (with the log sequence it covers): a crash
+//! at any point leaves either the old checkpoint with the old log, or the
+//! new one with the log restarting after it.
+//!
+//! The body is a stream of records, each inode before any entry naming it:
+//!
+//! ```text
+//! inode: 1u8, ino u64, mode u32, nlink u32, uid u32, gid u32, size u64,
+//!        atime i64, mtime i64, ctime i64, btime i64, target (u32 len + bytes)
+//! entry: 2u8, parent ino u64, ino u64, name (u32 len + bytes)
+//! ```
+
+use kucofs_common::format::{CheckpointHeader, CheckpointRef, Geometry, CHECKPOINT_HEADER_SIZE};
+use kucofs_common::index::{InodeAttr, NAME_MAX, PATH_MAX};
+use kucofs_common::pm::Region;
+use kucofs_common::proto::Creds;
+use kucofs_common::Errno;
+
+use crate::namespace::Namespace;
+use crate::record::Reader;
+
+const INODE: u8 = 1;
+const ENTRY: u8 = 2;
+
+/// A serialized namespace.
+#[derive(Debug)]
+pub struct Body {
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// Inode records.
+    pub inodes: u64,
+    /// Entry records.
+    pub entries: u64,
+}
+
+/// Serializes the namespace.
+pub fn serialize(ns: &Namespace) -> Body {
+    let mut bytes = Vec::new();
+    let (mut inodes, mut entries) = (0, 0);
+    // Two closures write into one buffer in turn, so it is shared through a
+    // RefCell.
+    let out = std::cell::RefCell::new(&mut bytes);
+    ns.walk(
+        |a, target| {
+            inodes += 1;
+            let mut b = out.borrow_mut();
+            b.push(INODE);
+            b.extend_from_slice(&a.ino.to_le_bytes());
+            for v in [a.mode, a.nlink, a.uid, a.gid] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            b.extend_from_slice(&a.size.to_le_bytes());
+            for t in [a.atime, a.mtime, a.ctime, a.btime] {
+                b.extend_from_slice(&t.to_le_bytes());
+            }
+            let t = target.unwrap_or_default();
+            b.extend_from_slice(&(t.len() as u32).to_le_bytes());
+            b.extend_from_slice(&t);
+        },
+        |parent, name, ino| {
+            entries += 1;
+            let mut b = out.borrow_mut();
+            b.push(ENTRY);
+            b.extend_from_slice(&parent.to_le_bytes());
+            b.extend_from_slice(&ino.to_le_bytes());
+            b.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            b.extend_from_slice(name);
+        },
+    );
+    Body {
+        bytes,
+        inodes,
+        entries,
+    }
+}
+
+/// Writes a checkpoint covering the log before `seq` into `slot` and
+/// persists it. `ENOSPC` if it does not fit.
+pub fn write(region: &Region, g: &Geometry, slot: u8, seq: u64, body: &Body) -> Result<(), Errno> {
+    let area = g.checkpoint_slot(slot);
+    let total = (CHECKPOINT_HEADER_SIZE + body.bytes.len()) as u64;
+    if total > area.len() {
+        return Err(Errno::ENOSPC);
+    }
+    let header = CheckpointHeader::new(seq, &body.bytes, body.inodes, body.entries);
+    let io = |_| Errno::EIO;
+    region
+        .write_nt(area.offset() + CHECKPOINT_HEADER_SIZE as u64, &body.bytes)
+        .map_err(io)?;
+    region.write_nt(area.offset(), &header.encode()).map_err(io)?;
+    region.fence();
+    Ok(())
+}
+
+/// Reads the checkpoint `c` names through `read`, checking its header,
+/// sequence and body checksum.
+pub fn read(
+    g: &Geometry,
+    c: CheckpointRef,
+    read: impl Fn(u64, &mut [u8]) -> bool,
+) -> Result<(CheckpointHeader, Vec<u8>), String> {
+    let area = g.checkpoint_slot(c.slot);
+    let mut hb = [0u8; CHECKPOINT_HEADER_SIZE];
+    if !read(area.offset(), &mut hb) {
+        return Err("checkpoint slot is outside the image".into());
+    }
+    let h = CheckpointHeader::decode(&hb).map_err(|e| format!("slot {}: {e}", c.slot))?;
+    if h.seq != c.seq {
+        return Err(format!(
+            "slot {} holds checkpoint {} but the superblock names {}",
+            c.slot, h.seq, c.seq
+        ));
+    }
+    if h.body_len > area.len() - CHECKPOINT_HEADER_SIZE as u64 {
+        return Err(format!("slot {}: body length {} overruns the slot", c.slot, h.body_len));
+    }
+    let mut body = vec![0u8; h.body_len as usize];
+    if !read(area.offset() + CHECKPOINT_HEADER_SIZE as u64, &mut body) {
+        return Err("checkpoint body is outside the image".into());
+    }
+    if crc32c::crc32c(&body) != h.body_crc {
+        return Err(format!("slot {}: checkpoint body checksum mismatch", c.slot));
+    }
+    Ok((h, body))
+}
+
+/// Rebuilds a namespace from a checkpoint body.
+pub fn load(body: &[u8]) -> Result<Namespace, String> {
+    let mut ns = Namespace::new(Creds::default(), 0).map_err(|e| format!("index: {e}"))?;
+    let mut r = Reader::new(body);
+    let bad = |what: &str, e: Errno| format!("checkpoint {what}: {e:?}");
+    let mut n = 0u64;
+    while !r.done() {
+        n += 1;
+        let tag = r.take_u8().map_err(|e| bad("record", e))?;
+        match tag {
+            INODE => {
+                let mut a = InodeAttr {
+                    offset: 0,
+                    gen: 0,
+                    ino: r.u64().map_err(|e| bad("inode", e))?,
+                    mode: 0,
+                    nlink: 0,
+                    uid: 0,
+                    gid: 0,
+                    size: 0,
+                    atime: 0,
+                    mtime: 0,
+                    ctime: 0,
+                    btime: 0,
+                    entries: 0,
+                };
+                let mut fields = || -> Result<Vec<u8>, Errno> {
+                    a.mode = r.u32()?;
+                    a.nlink = r.u32()?;
+                    a.uid = r.u32()?;
+                    a.gid = r.u32()?;
+                    a.size = r.u64()?;
+                    a.atime = r.u64()? as i64;
+                    a.mtime = r.u64()? as i64;
+                    a.ctime = r.u64()? as i64;
+                    a.btime = r.u64()? as i64;
+                    r.bytes(PATH_MAX)
+                };
+                let target = fields().map_err(|e| bad("inode", e))?;
+                ns.load_inode(&a, &target)
+                    .map_err(|e| format!("checkpoint record {n}: inode {}: {e:?}", a.ino))?;
+            }
+            ENTRY => {
+                let mut fields = || -> Result<(u64, u64, Vec<u8>), Errno> {
+                    Ok((r.u64()?, r.u64()?, r.bytes(NAME_MAX)?))
+                };
+                let (parent, ino, name) = fields().map_err(|e| bad("entry", e))?;
+                ns.load_entry(parent, &name, ino).map_err(|e| {
+                    format!(
+                        "checkpoint record {n}: entry {:?} in {parent} -> {ino}: {e:?}",
+                        String::from_utf8_lossy(&name)
+                    )
+                })?;
+            }
+            t => return Err(format!("checkpoint record {n}: unknown type {t}")),
+        }
+    }
+    Ok(ns)
+}

@@ -1,0 +1,107 @@
+//! The operation log (DESIGN §10): append-only, checksummed redo entries in
+//! the region's log area. An entry is persisted (non-temporal stores and a
+//! fence) before Kfs applies its change or replies, so every acknowledged
+//! change survives a crash; a torn entry fails its checksum and ends the
+//! log, which is right, since its change was never acknowledged.
+
+use kucofs_common::format::{Area, LogEntryHeader, LOG_ENTRY_HEADER_SIZE};
+use kucofs_common::pm::Region;
+use kucofs_common::Errno;
+
+use crate::record::Record;
+
+/// The write end of the log.
+#[derive(Debug)]
+pub struct Log {
+    area: Area,
+    /// Byte offset of the next entry within the area.
+    pos: u64,
+    /// Sequence number of the next entry.
+    next_seq: u64,
+    /// Entries appended since the last checkpoint.
+    entries: u64,
+    buf: Vec<u8>,
+}
+
+impl Log {
+    /// The log positioned after `entries` valid entries ending at `pos`,
+    /// the next of which gets sequence `next_seq`.
+    pub fn new(area: Area, pos: u64, next_seq: u64, entries: u64) -> Log {
+        Log {
+            area,
+            pos,
+            next_seq,
+            entries,
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// Bytes in use.
+    pub fn fill(&self) -> u64 {
+        self.pos
+    }
+
+    /// Bytes the area holds.
+    pub fn capacity(&self) -> u64 {
+        self.area.len()
+    }
+
+    /// Entries since the last checkpoint.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Sequence number the next entry gets (a checkpoint taken now covers
+    /// everything before it).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// True if an entry for `rec` fits.
+    pub fn fits(&mut self, rec: &Record) -> bool {
+        self.encode(rec);
+        self.pos + self.buf.len() as u64 <= self.area.len()
+    }
+
+    fn encode(&mut self, rec: &Record) {
+        self.buf.clear();
+        self.buf.resize(LOG_ENTRY_HEADER_SIZE, 0);
+        rec.encode(&mut self.buf);
+        let header = LogEntryHeader::new(
+            self.next_seq,
+            rec.op(),
+            &self.buf[LOG_ENTRY_HEADER_SIZE..],
+        );
+        self.buf[..LOG_ENTRY_HEADER_SIZE].copy_from_slice(&header.encode());
+        let padded = header.footprint() as usize;
+        self.buf.resize(padded, 0);
+    }
+
+    /// Appends `rec` and makes it durable. `ENOSPC` if the log is full (the
+    /// caller checkpoints and retries).
+    pub fn append(&mut self, region: &Region, rec: &Record) -> Result<(), Errno> {
+        self.encode(rec);
+        let len = self.buf.len() as u64;
+        if self.pos + len > self.area.len() {
+            return Err(Errno::ENOSPC);
+        }
+        let at = self.area.offset() + self.pos;
+        // Entries start on cache lines and are padded to whole lines, so
+        // the non-temporal copy needs no flush; the fence makes it durable.
+        region.write_nt(at, &self.buf).map_err(|_| Errno::EIO)?;
+        region.fence();
+        self.pos += len;
+        self.next_seq += 1;
+        self.entries += 1;
+        Ok(())
+    }
+
+    /// Starts over at the area's beginning after a checkpoint that covers
+    /// everything before `next_seq`. Old entries need no erasing: their
+    /// sequence numbers are all lower, so a scan from `next_seq` stops at
+    /// them.
+    pub fn restart(&mut self) {
+        self.pos = 0;
+        self.entries = 0;
+    }
+}

@@ -1,0 +1,206 @@
+//! An open file system as Kfs holds it: the image, the live namespace, and
+//! the log. Opening one is recovery (DESIGN §10): load the checkpoint the
+//! superblock names, replay the log after it, and mark the image in use;
+//! closing one checkpoints and marks it clean.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kucofs_common::format::{scan_log, Geometry, Superblock};
+use kucofs_common::pm::{Hardware, Persist};
+use kucofs_common::proto::{Creds, Reply, Request};
+use kucofs_common::Errno;
+
+use crate::checkpoint;
+use crate::image::Image;
+use crate::log::Log;
+use crate::namespace::{Namespace, Outcome};
+use crate::record::Record;
+use crate::{Error, Result};
+
+/// What recovery found in the log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Entries replayed.
+    pub entries: u64,
+    /// Bytes they occupied.
+    pub bytes: u64,
+}
+
+/// Rebuilds the namespace an image describes: its checkpoint plus its log.
+/// `read` copies image bytes at an offset. Returns the namespace and where
+/// the log ends.
+pub fn recover(
+    sb: &Superblock,
+    read: impl Fn(u64, &mut [u8]) -> bool,
+) -> std::result::Result<(Namespace, Replayed), String> {
+    let g = &sb.geometry;
+    let mut ns = match sb.checkpoint {
+        Some(c) => {
+            let (_, body) = checkpoint::read(g, c, &read)?;
+            checkpoint::load(&body)?
+        }
+        None => Namespace::new(Creds::default(), 0).map_err(|e| format!("index: {e}"))?,
+    };
+    let mut log = vec![0u8; g.log.len() as usize];
+    if !read(g.log.offset(), &mut log) {
+        return Err("the log area is outside the image".into());
+    }
+    let entries = scan_log(&log, sb.log_seq);
+    let mut replayed = Replayed::default();
+    for (at, h) in &entries {
+        let start = *at as usize + kucofs_common::format::LOG_ENTRY_HEADER_SIZE;
+        let payload = &log[start..start + h.len as usize];
+        let rec = Record::decode(h.op, payload)
+            .map_err(|e| format!("log entry {} (sequence {}): undecodable: {e:?}", replayed.entries, h.seq))?;
+        ns.apply(&rec)
+            .map_err(|e| format!("log entry {} (sequence {}): replay failed: {e:?}", replayed.entries, h.seq))?;
+        replayed.entries += 1;
+        replayed.bytes = at + h.footprint();
+    }
+    ns.rebuild_free_inos();
+    Ok((ns, replayed))
+}
+
+/// Writes the checkpoint of a fresh file system: a root directory owned by
+/// `root`, in slot 0, covering the log from sequence 1.
+pub(crate) fn initial_checkpoint(region: &kucofs_common::pm::Region, g: &Geometry, root: Creds) -> std::result::Result<(), Errno> {
+    let ns = Namespace::new(root, crate::namespace::now_ns())?;
+    checkpoint::write(region, g, 0, 1, &checkpoint::serialize(&ns))
+}
+
+/// An open file system.
+#[derive(Debug)]
+pub struct Volume {
+    image: Image,
+    ns: Namespace,
+    log: Log,
+    replayed: Replayed,
+    checkpoints: u64,
+}
+
+impl Volume {
+    /// Opens (and recovers) the file system in `path`.
+    pub fn open(path: &Path) -> Result<Volume> {
+        Volume::open_with(path, Arc::new(Hardware::new()))
+    }
+
+    /// [`Volume::open`] with a chosen persistence backend.
+    pub fn open_with(path: &Path, persist: Arc<dyn Persist>) -> Result<Volume> {
+        let mut image = Image::open_with(path, persist)?;
+        let sb = image.superblock().clone();
+        let region = image.region();
+        let (ns, replayed) = recover(&sb, |off, buf| region.read(off, buf).is_ok()).map_err(|why| {
+            Error::Recovery {
+                path: path.into(),
+                why,
+            }
+        })?;
+        let log = Log::new(sb.geometry.log, replayed.bytes, sb.log_seq + replayed.entries, replayed.entries);
+        image.set_clean(false)?;
+        Ok(Volume {
+            image,
+            ns,
+            log,
+            replayed,
+            checkpoints: 0,
+        })
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &Namespace {
+        &self.ns
+    }
+
+    /// The namespace, for reclamation.
+    pub fn namespace_mut(&mut self) -> &mut Namespace {
+        &mut self.ns
+    }
+
+    /// The image.
+    pub fn image(&self) -> &Image {
+        &self.image
+    }
+
+    /// The log.
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+
+    /// What recovery replayed when the volume was opened.
+    pub fn replayed(&self) -> Replayed {
+        self.replayed
+    }
+
+    /// Checkpoints taken since the volume was opened.
+    pub fn checkpoints(&self) -> u64 {
+        self.checkpoints
+    }
+
+    /// Handles one metadata request: check it, log it durably, apply it.
+    pub fn handle(&mut self, req: &Request<'_>, creds: Creds) -> Reply {
+        match self.handle_inner(req, creds) {
+            Ok(r) => r,
+            Err(e) => Reply::err(e),
+        }
+    }
+
+    fn handle_inner(&mut self, req: &Request<'_>, creds: Creds) -> std::result::Result<Reply, Errno> {
+        let p = match self.ns.prepare(req, creds)? {
+            Outcome::Done(r) => return Ok(r),
+            Outcome::Change(p) => p,
+        };
+        if !self.log.fits(&p.record) {
+            self.checkpoint()?;
+        }
+        self.log.append(self.image.region(), &p.record)?;
+        let reply = self.ns.commit(*p)?;
+        if self.log.fill() > self.log.capacity() / 4 * 3 {
+            // Best effort: a failed checkpoint leaves the log to fill up,
+            // and the next change that does not fit retries it.
+            let _ = self.checkpoint();
+        }
+        Ok(reply)
+    }
+
+    /// Writes a checkpoint of the whole namespace and starts the log over.
+    pub fn checkpoint(&mut self) -> std::result::Result<(), Errno> {
+        let sb = self.image.superblock().clone();
+        let slot = match sb.checkpoint {
+            Some(c) => 1 - (c.slot & 1),
+            None => 0,
+        };
+        let seq = self.log.next_seq();
+        let body = checkpoint::serialize(&self.ns);
+        checkpoint::write(self.image.region(), &sb.geometry, slot, seq, &body)?;
+        let mut next = sb;
+        next.checkpoint = Some(kucofs_common::format::CheckpointRef { slot, seq });
+        next.log_seq = seq;
+        self.image.update_superblock(next).map_err(|_| Errno::EIO)?;
+        self.log.restart();
+        self.checkpoints += 1;
+        Ok(())
+    }
+
+    /// Checkpoints if the log holds anything (Kfs calls this when idle).
+    pub fn checkpoint_if_dirty(&mut self) -> std::result::Result<bool, Errno> {
+        if self.log.entries() == 0 {
+            return Ok(false);
+        }
+        self.checkpoint()?;
+        Ok(true)
+    }
+
+    /// Closes cleanly: a final checkpoint, then the clean flag.
+    pub fn close(mut self) -> Result<()> {
+        self.checkpoint().map_err(|e| Error::Region(kucofs_common::Error::Io {
+            action: "checkpoint",
+            path: self.image.region().path().into(),
+            source: e.into(),
+        }))?;
+        self.image.set_clean(true)
+    }
+}
+
+#[cfg(test)]
+mod tests;
