@@ -8,12 +8,13 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A system call on the image failed.
-    #[error("{action} {path}: {source}")]
+    #[error("{action} {path}: {cause}")]
     Io {
         action: &'static str,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        /// Kept out of `source()`: the message already ends with it, and a
+        /// chain printer would say it twice.
+        cause: io::Error,
     },
     /// Another opener holds the image's exclusive lock.
     #[error("{path} is already open by another KucoFS instance (the image is locked)")]
@@ -48,7 +49,7 @@ impl Error {
     /// The POSIX errno that best describes this error to a file-system caller.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io { cause, .. } => cause.raw_os_error().unwrap_or(libc::EIO),
             Error::Locked { .. } => libc::EBUSY,
             Error::OutOfBounds { .. } | Error::Misaligned { .. } | Error::ReadOnly { .. } => {
                 libc::EFAULT
@@ -60,11 +61,11 @@ impl Error {
         }
     }
 
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, cause: io::Error) -> Self {
         Error::Io {
             action,
             path: path.into(),
-            source,
+            cause,
         }
     }
 }

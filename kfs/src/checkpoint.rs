@@ -91,7 +91,9 @@ pub fn write(region: &Region, g: &Geometry, slot: u8, seq: u64, body: &Body) -> 
     region
         .write_nt(area.offset() + CHECKPOINT_HEADER_SIZE as u64, &body.bytes)
         .map_err(io)?;
-    region.write_nt(area.offset(), &header.encode()).map_err(io)?;
+    region
+        .write_nt(area.offset(), &header.encode())
+        .map_err(io)?;
     region.fence();
     Ok(())
 }
@@ -116,14 +118,20 @@ pub fn read(
         ));
     }
     if h.body_len > area.len() - CHECKPOINT_HEADER_SIZE as u64 {
-        return Err(format!("slot {}: body length {} overruns the slot", c.slot, h.body_len));
+        return Err(format!(
+            "slot {}: body length {} overruns the slot",
+            c.slot, h.body_len
+        ));
     }
     let mut body = vec![0u8; h.body_len as usize];
     if !read(area.offset() + CHECKPOINT_HEADER_SIZE as u64, &mut body) {
         return Err("checkpoint body is outside the image".into());
     }
     if crc32c::crc32c(&body) != h.body_crc {
-        return Err(format!("slot {}: checkpoint body checksum mismatch", c.slot));
+        return Err(format!(
+            "slot {}: checkpoint body checksum mismatch",
+            c.slot
+        ));
     }
     Ok((h, body))
 }

@@ -55,7 +55,9 @@ impl Error {
             Error::NotKucofs { .. }
             | Error::UnsupportedVersion { .. }
             | Error::UnsupportedFeatures { .. } => libc::EINVAL,
-            Error::BothCorrupt { .. } | Error::TooShort { .. } | Error::Recovery { .. } => libc::EIO,
+            Error::BothCorrupt { .. } | Error::TooShort { .. } | Error::Recovery { .. } => {
+                libc::EIO
+            }
         }
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::format::{
-    scan_log, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault, FORMAT_VERSION, PAGE_SIZE,
-    SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+    scan_log, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault, FORMAT_VERSION,
+    PAGE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use kucofs_common::pm::{Hardware, MapMode, Persist, Region, RegionView};
 use kucofs_common::proto::Creds;

@@ -67,11 +67,8 @@ impl Log {
         self.buf.clear();
         self.buf.resize(LOG_ENTRY_HEADER_SIZE, 0);
         rec.encode(&mut self.buf);
-        let header = LogEntryHeader::new(
-            self.next_seq,
-            rec.op(),
-            &self.buf[LOG_ENTRY_HEADER_SIZE..],
-        );
+        let header =
+            LogEntryHeader::new(self.next_seq, rec.op(), &self.buf[LOG_ENTRY_HEADER_SIZE..]);
         self.buf[..LOG_ENTRY_HEADER_SIZE].copy_from_slice(&header.encode());
         let padded = header.footprint() as usize;
         self.buf.resize(padded, 0);

@@ -1086,10 +1086,16 @@ impl Namespace {
 
     /// Visits the tree depth-first from the root: every inode once, before
     /// any entry that names it, and every entry (parent ino, name, ino).
-    pub fn walk(&self, mut inode_fn: impl FnMut(&InodeAttr, Option<Vec<u8>>), mut entry_fn: impl FnMut(u64, &[u8], u64)) {
+    pub fn walk(
+        &self,
+        mut inode_fn: impl FnMut(&InodeAttr, Option<Vec<u8>>),
+        mut entry_fn: impl FnMut(u64, &[u8], u64),
+    ) {
         let r = self.reader();
         let root = r.root();
-        let Some(root_attr) = r.attr(root) else { return };
+        let Some(root_attr) = r.attr(root) else {
+            return;
+        };
         inode_fn(&root_attr, None);
         let mut seen = std::collections::HashSet::new();
         let mut stack = vec![root];
@@ -1098,7 +1104,12 @@ impl Namespace {
             let mut after: Option<(u64, Vec<u8>)> = None;
             loop {
                 let mut batch = Vec::new();
-                let more = r.read_dir(dir, after.as_ref().map(|(h, n)| (*h, n.as_slice())), 1024, &mut batch);
+                let more = r.read_dir(
+                    dir,
+                    after.as_ref().map(|(h, n)| (*h, n.as_slice())),
+                    1024,
+                    &mut batch,
+                );
                 for e in &batch {
                     if seen.insert(e.ino) {
                         if let Some(a) = r.attr(e.inode) {

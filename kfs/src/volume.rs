@@ -51,10 +51,18 @@ pub fn recover(
     for (at, h) in &entries {
         let start = *at as usize + kucofs_common::format::LOG_ENTRY_HEADER_SIZE;
         let payload = &log[start..start + h.len as usize];
-        let rec = Record::decode(h.op, payload)
-            .map_err(|e| format!("log entry {} (sequence {}): undecodable: {e:?}", replayed.entries, h.seq))?;
-        ns.apply(&rec)
-            .map_err(|e| format!("log entry {} (sequence {}): replay failed: {e:?}", replayed.entries, h.seq))?;
+        let rec = Record::decode(h.op, payload).map_err(|e| {
+            format!(
+                "log entry {} (sequence {}): undecodable: {e:?}",
+                replayed.entries, h.seq
+            )
+        })?;
+        ns.apply(&rec).map_err(|e| {
+            format!(
+                "log entry {} (sequence {}): replay failed: {e:?}",
+                replayed.entries, h.seq
+            )
+        })?;
         replayed.entries += 1;
         replayed.bytes = at + h.footprint();
     }
@@ -64,7 +72,11 @@ pub fn recover(
 
 /// Writes the checkpoint of a fresh file system: a root directory owned by
 /// `root`, in slot 0, covering the log from sequence 1.
-pub(crate) fn initial_checkpoint(region: &kucofs_common::pm::Region, g: &Geometry, root: Creds) -> std::result::Result<(), Errno> {
+pub(crate) fn initial_checkpoint(
+    region: &kucofs_common::pm::Region,
+    g: &Geometry,
+    root: Creds,
+) -> std::result::Result<(), Errno> {
     let ns = Namespace::new(root, crate::namespace::now_ns())?;
     checkpoint::write(region, g, 0, 1, &checkpoint::serialize(&ns))
 }
@@ -90,13 +102,19 @@ impl Volume {
         let mut image = Image::open_with(path, persist)?;
         let sb = image.superblock().clone();
         let region = image.region();
-        let (ns, replayed) = recover(&sb, |off, buf| region.read(off, buf).is_ok()).map_err(|why| {
-            Error::Recovery {
-                path: path.into(),
-                why,
-            }
-        })?;
-        let log = Log::new(sb.geometry.log, replayed.bytes, sb.log_seq + replayed.entries, replayed.entries);
+        let (ns, replayed) =
+            recover(&sb, |off, buf| region.read(off, buf).is_ok()).map_err(|why| {
+                Error::Recovery {
+                    path: path.into(),
+                    why,
+                }
+            })?;
+        let log = Log::new(
+            sb.geometry.log,
+            replayed.bytes,
+            sb.log_seq + replayed.entries,
+            replayed.entries,
+        );
         image.set_clean(false)?;
         Ok(Volume {
             image,
@@ -145,7 +163,11 @@ impl Volume {
         }
     }
 
-    fn handle_inner(&mut self, req: &Request<'_>, creds: Creds) -> std::result::Result<Reply, Errno> {
+    fn handle_inner(
+        &mut self,
+        req: &Request<'_>,
+        creds: Creds,
+    ) -> std::result::Result<Reply, Errno> {
         let p = match self.ns.prepare(req, creds)? {
             Outcome::Done(r) => return Ok(r),
             Outcome::Change(p) => p,
@@ -193,11 +215,13 @@ impl Volume {
 
     /// Closes cleanly: a final checkpoint, then the clean flag.
     pub fn close(mut self) -> Result<()> {
-        self.checkpoint().map_err(|e| Error::Region(kucofs_common::Error::Io {
-            action: "checkpoint",
-            path: self.image.region().path().into(),
-            source: e.into(),
-        }))?;
+        self.checkpoint().map_err(|e| {
+            Error::Region(kucofs_common::Error::Io {
+                action: "checkpoint",
+                path: self.image.region().path().into(),
+                cause: e.into(),
+            })
+        })?;
         self.image.set_clean(true)
     }
 }

@@ -358,7 +358,11 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
         // A hint naming the root as parent puts the file there: a client
         // may create in any directory it can name, so that is its request
         // rather than a forgery Kfs could detect.
-        let lands = if i == 7 { format!("x{i}") } else { path.clone() };
+        let lands = if i == 7 {
+            format!("x{i}")
+        } else {
+            path.clone()
+        };
         assert_eq!(
             r.resolve(lands.as_bytes(), true).unwrap(),
             reply.inode,

@@ -16,8 +16,20 @@ fn shm_dir() -> tempfile::TempDir {
 }
 
 fn create(v: &mut Volume, path: &str, dir: bool) -> Reply {
-    let mode = if dir { libc::S_IFDIR | 0o755 } else { libc::S_IFREG | 0o644 };
-    v.handle(&Request::Create { path: path.as_bytes(), mode, target: b"", hint: None }, ME)
+    let mode = if dir {
+        libc::S_IFDIR | 0o755
+    } else {
+        libc::S_IFREG | 0o644
+    };
+    v.handle(
+        &Request::Create {
+            path: path.as_bytes(),
+            mode,
+            target: b"",
+            hint: None,
+        },
+        ME,
+    )
 }
 
 /// The whole tree as (path -> (kind, nlink, mode)).
@@ -49,7 +61,14 @@ fn a_tree_survives_a_clean_close_and_a_crash() {
     assert!(!v.image().superblock().clean);
     create(&mut v, "a", true);
     create(&mut v, "a/f", false);
-    v.handle(&Request::Link { from: b"a/f", to: b"g", hint: None }, ME);
+    v.handle(
+        &Request::Link {
+            from: b"a/f",
+            to: b"g",
+            hint: None,
+        },
+        ME,
+    );
     let before = tree(v.namespace());
     assert_eq!(before.len(), 3);
     v.close().unwrap();
@@ -60,7 +79,14 @@ fn a_tree_survives_a_clean_close_and_a_crash() {
     assert_eq!(v.replayed().entries, 0, "a clean close leaves an empty log");
     // Changes after the reopen, then a crash: the log carries them.
     create(&mut v, "a/h", false);
-    v.handle(&Request::Unlink { path: b"g", rmdir: false, hint: None }, ME);
+    v.handle(
+        &Request::Unlink {
+            path: b"g",
+            rmdir: false,
+            hint: None,
+        },
+        ME,
+    );
     let after = tree(v.namespace());
     drop(v);
     assert!(!crate::inspect(&path).unwrap().superblock.clean);
@@ -82,7 +108,18 @@ fn checkpoints_taken_as_the_log_fills_lose_nothing() {
         assert_eq!(r.errno, 0, "create {i}");
         if i % 3 == 0 {
             let p = format!("d/file-with-a-longish-name-{i}");
-            assert_eq!(v.handle(&Request::Unlink { path: p.as_bytes(), rmdir: false, hint: None }, ME).errno, 0);
+            assert_eq!(
+                v.handle(
+                    &Request::Unlink {
+                        path: p.as_bytes(),
+                        rmdir: false,
+                        hint: None
+                    },
+                    ME
+                )
+                .errno,
+                0
+            );
         }
     }
     assert!(v.checkpoints() >= 3, "only {} checkpoints", v.checkpoints());
@@ -104,7 +141,10 @@ fn every_crash_image_of_a_create_recovers_to_before_or_after() {
     let before = tree(v.namespace());
     let images = Arc::new(Mutex::new(Vec::new()));
     let sink = images.clone();
-    rec.on_fence(move |cp| sink.lock().extend(cp.images(1 << 12).expect("few stores in flight")));
+    rec.on_fence(move |cp| {
+        sink.lock()
+            .extend(cp.images(1 << 12).expect("few stores in flight"))
+    });
     let reply = create(&mut v, "new", true);
     assert_eq!(reply.errno, 0);
     let after = tree(v.namespace());
@@ -122,6 +162,9 @@ fn every_crash_image_of_a_create_recovers_to_before_or_after() {
     assert_eq!(check(&durable), after, "an acknowledged create was lost");
     for image in &images {
         let t = check(image);
-        assert!(t == before || t == after, "a crash image recovered to neither state: {t:?}");
+        assert!(
+            t == before || t == after,
+            "a crash image recovered to neither state: {t:?}"
+        );
     }
 }
