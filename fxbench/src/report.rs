@@ -1,0 +1,240 @@
+//! Results as a terminal table and as a JSON document,
+//! `{"machine": {...}, "results": [{...}, ...]}`.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::machine::Machine;
+use crate::suite::Measurement;
+
+/// The document written with `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub results: Vec<Row>,
+}
+
+/// One result, as written to JSON and shown in the table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub workload: String,
+    pub backend: String,
+    pub threads: usize,
+    pub ops: u64,
+    pub seconds: f64,
+    pub ops_per_sec: f64,
+    /// This row's ops/s over that of the first backend for the same
+    /// workload and thread count; `None` if that one is missing or did
+    /// nothing.
+    pub ratio_to_first: Option<f64>,
+}
+
+impl Report {
+    /// The report of `results`, comparing every backend with
+    /// `first_backend`.
+    pub fn new(machine: Machine, results: &[Measurement], first_backend: &str) -> Self {
+        let rows = results
+            .iter()
+            .map(|m| {
+                let base = results.iter().find(|b| {
+                    b.backend == first_backend && b.workload == m.workload && b.threads == m.threads
+                });
+                let ratio_to_first = base
+                    .map(Measurement::ops_per_sec)
+                    .filter(|&b| b > 0.0)
+                    .map(|b| m.ops_per_sec() / b);
+                Row {
+                    workload: m.workload.name().to_owned(),
+                    backend: m.backend.clone(),
+                    threads: m.threads,
+                    ops: m.ops,
+                    seconds: m.seconds,
+                    ops_per_sec: m.ops_per_sec(),
+                    ratio_to_first,
+                }
+            })
+            .collect();
+        Report {
+            machine,
+            results: rows,
+        }
+    }
+
+    /// The results as an aligned text table with a header line.
+    pub fn table(&self) -> String {
+        let header = [
+            "workload", "backend", "threads", "ops", "seconds", "ops/s", "ratio",
+        ]
+        .map(str::to_owned);
+        let cells: Vec<[String; 7]> = std::iter::once(header)
+            .chain(self.results.iter().map(|r| {
+                [
+                    r.workload.clone(),
+                    r.backend.clone(),
+                    r.threads.to_string(),
+                    r.ops.to_string(),
+                    format!("{:.3}", r.seconds),
+                    format!("{:.0}", r.ops_per_sec),
+                    r.ratio_to_first
+                        .map_or_else(|| "-".to_owned(), |x| format!("{x:.2}")),
+                ]
+            }))
+            .collect();
+        let mut widths = [0; 7];
+        for row in &cells {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let mut out = String::new();
+        for row in &cells {
+            let mut line = String::new();
+            for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+                // Names read left to right; numbers line up on the right.
+                let text = if i < 2 {
+                    format!("{cell:<w$}")
+                } else {
+                    format!("{cell:>w$}")
+                };
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                line.push_str(&text);
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// The `--json` file, created before the benchmarks run so that an
+/// unwritable path fails at once rather than after them.
+#[derive(Debug)]
+pub struct ResultsFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl ResultsFile {
+    /// Creates (or truncates) the file at `path`.
+    pub fn create(path: &Path) -> Result<Self> {
+        let file = File::create(path).map_err(|source| Error::Results {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(ResultsFile {
+            path: path.to_owned(),
+            file,
+        })
+    }
+
+    /// Writes `report` as pretty-printed JSON.
+    pub fn write(mut self, report: &Report) -> Result<()> {
+        let mut json = serde_json::to_string_pretty(report).map_err(|e| Error::Results {
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        json.push('\n');
+        self.file
+            .write_all(json.as_bytes())
+            .and_then(|()| self.file.flush())
+            .map_err(|source| Error::Results {
+                path: self.path,
+                source,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Workload;
+
+    fn m(workload: Workload, backend: &str, threads: usize, ops: u64) -> Measurement {
+        Measurement {
+            workload,
+            backend: backend.to_owned(),
+            threads,
+            ops,
+            seconds: 2.0,
+        }
+    }
+
+    fn report() -> Report {
+        let results = [
+            m(Workload::Mwcl, "dir:a", 1, 100),
+            m(Workload::Mwcl, "dir:b", 1, 300),
+            m(Workload::Mwcl, "dir:a", 2, 400),
+            m(Workload::Mwcl, "dir:b", 2, 100),
+            m(Workload::Mwrl, "dir:a", 1, 0),
+            m(Workload::Mwrl, "dir:b", 1, 10),
+        ];
+        Report::new(Machine::describe(), &results, "dir:a")
+    }
+
+    #[test]
+    fn ratios_compare_with_the_first_backend_at_the_same_workload_and_threads() {
+        let ratios: Vec<_> = report().results.iter().map(|r| r.ratio_to_first).collect();
+        assert_eq!(
+            ratios,
+            [Some(1.0), Some(3.0), Some(1.0), Some(0.25), None, None]
+        );
+    }
+
+    #[test]
+    fn the_table_has_a_header_and_one_aligned_line_per_result() {
+        let table = report().table();
+        let lines: Vec<_> = table.lines().collect();
+        assert_eq!(lines.len(), 7, "{table}");
+        assert!(
+            lines[0].starts_with("workload  backend  threads"),
+            "{table}"
+        );
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            ["MWCL", "dir:b", "1", "300", "2.000", "150", "3.00"]
+        );
+        assert!(lines[5].ends_with(" -"), "{table}");
+        // Numbers are right-aligned: every line ends where the ratio column does.
+        let ends: Vec<_> = lines
+            .iter()
+            .map(|l| l.rfind(|c: char| !c.is_whitespace()).unwrap())
+            .collect();
+        assert!(ends.iter().all(|&e| e == ends[0]), "{table}");
+    }
+
+    #[test]
+    fn the_json_has_exactly_machine_and_results() {
+        let tmp = crate::testing::tempdir();
+        let path = tmp.path().join("out.json");
+        ResultsFile::create(&path)
+            .unwrap()
+            .write(&report())
+            .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["machine", "results"]);
+        let first = &v["results"][1];
+        assert_eq!(first["workload"], "MWCL");
+        assert_eq!(first["backend"], "dir:b");
+        assert_eq!(first["threads"], 1);
+        assert_eq!(first["ops"], 300);
+        assert_eq!(first["seconds"], 2.0);
+        assert_eq!(first["ops_per_sec"], 150.0);
+        assert_eq!(first["ratio_to_first"], 3.0);
+        assert!(v["machine"]["date"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn an_unwritable_path_fails_at_creation() {
+        let tmp = crate::testing::tempdir();
+        let err = ResultsFile::create(&tmp.path().join("missing/out.json")).unwrap_err();
+        assert!(err.to_string().starts_with("write results to "), "{err}");
+    }
+}

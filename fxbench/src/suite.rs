@@ -1,0 +1,276 @@
+//! A benchmark matrix: every workload, at every thread count, on every
+//! backend, each run in a directory of its own that is removed afterwards.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::error::{Error, OpFailure, Result};
+use crate::harness::{self, Budget};
+use crate::workload::Workload;
+
+/// What to run.
+#[derive(Debug)]
+pub struct Plan {
+    pub workloads: Vec<Workload>,
+    /// The first backend is the one others are compared with.
+    pub backends: Vec<Box<dyn Backend>>,
+    pub threads: Vec<usize>,
+    pub budget: Budget,
+}
+
+/// One workload, on one backend, at one thread count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measurement {
+    pub workload: Workload,
+    /// The backend's name (its spec).
+    pub backend: String,
+    pub threads: usize,
+    /// Operations completed by all workers in the timed phase.
+    pub ops: u64,
+    /// Wall time of the timed phase.
+    pub seconds: f64,
+}
+
+impl Measurement {
+    /// Throughput of all workers together.
+    pub fn ops_per_sec(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.ops as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+impl Plan {
+    /// Refuses an empty or out-of-range plan before anything runs.
+    pub fn check(&self) -> Result<()> {
+        let bad = |why: &str| Err(Error::BadParameter(why.to_owned()));
+        if self.workloads.is_empty() {
+            return bad("no workloads given");
+        }
+        if self.backends.is_empty() {
+            return bad("no backends given");
+        }
+        if self.threads.is_empty() || self.threads.contains(&0) {
+            return bad("thread counts must be given and at least 1");
+        }
+        match self.budget {
+            Budget::Time(d) if d.is_zero() => bad("--seconds must be more than 0"),
+            Budget::Count(0) => bad("--count must be at least 1"),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs the matrix, workload by workload, then thread count, then
+    /// backend, calling `each` as every measurement completes.
+    pub fn run(&self, mut each: impl FnMut(&Measurement)) -> Result<Vec<Measurement>> {
+        self.check()?;
+        let mut all = Vec::new();
+        for &workload in &self.workloads {
+            for &threads in &self.threads {
+                for fs in &self.backends {
+                    let m = run_one(fs.as_ref(), workload, threads, self.budget)?;
+                    each(&m);
+                    all.push(m);
+                }
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// Runs one workload in a fresh directory `fxbench-<WORKLOAD>-<threads>`
+/// below the backend's root: setup, the timed phase, and removal of the
+/// directory, which happens even if the run fails.
+pub fn run_one(
+    fs: &dyn Backend,
+    workload: Workload,
+    threads: usize,
+    budget: Budget,
+) -> Result<Measurement> {
+    let dir = PathBuf::from(format!("fxbench-{workload}-{threads}"));
+    let context = |source| Error::Run {
+        workload,
+        backend: fs.name().to_owned(),
+        threads,
+        source,
+    };
+    // A run that was killed leaves its directory behind.
+    match fs.remove_dir_all(&dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(context(OpFailure::new("remove leftover", &dir, e)))
+        }
+        _ => {}
+    }
+    let outcome = setup_and_run(fs, workload, &dir, threads, budget);
+    let cleanup = fs
+        .remove_dir_all(&dir)
+        .map_err(|e| OpFailure::new("remove", &dir, e));
+    let outcome = outcome.and_then(|o| cleanup.map(|()| o)).map_err(context)?;
+    Ok(Measurement {
+        workload,
+        backend: fs.name().to_owned(),
+        threads,
+        ops: outcome.ops,
+        seconds: outcome.elapsed.as_secs_f64(),
+    })
+}
+
+fn setup_and_run(
+    fs: &dyn Backend,
+    workload: Workload,
+    dir: &Path,
+    threads: usize,
+    budget: Budget,
+) -> Result<harness::Outcome, OpFailure> {
+    fs.create_dir_all(dir)
+        .map_err(|e| OpFailure::new("create directory", dir, e))?;
+    let mut workers = workload.setup(fs, dir, threads)?;
+    harness::run(fs, &mut workers, budget)
+}
+
+/// A time budget from a number of seconds, refusing what `Duration` cannot
+/// hold.
+pub fn seconds(secs: f64) -> Result<Budget> {
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if !d.is_zero() => Ok(Budget::Time(d)),
+        _ => Err(Error::BadParameter(format!(
+            "--seconds must be a positive number, not {secs}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::DirBackend;
+    use crate::error::chain;
+
+    fn plan(tmp: &Path, threads: Vec<usize>, budget: Budget) -> Plan {
+        Plan {
+            workloads: vec![Workload::Mwcl, Workload::Mwrl],
+            backends: vec![
+                Box::new(DirBackend::open("dir:a", tmp).unwrap()),
+                Box::new(DirBackend::open("dir:b", tmp).unwrap()),
+            ],
+            threads,
+            budget,
+        }
+    }
+
+    #[test]
+    fn the_matrix_runs_in_order_and_leaves_nothing_behind() {
+        let tmp = crate::testing::tempdir();
+        let mut seen = 0;
+        let all = plan(tmp.path(), vec![1, 2], Budget::Count(50))
+            .run(|_| seen += 1)
+            .unwrap();
+        assert_eq!(seen, 8);
+        let keys: Vec<_> = all
+            .iter()
+            .map(|m| (m.workload.name(), m.threads, m.backend.as_str()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("MWCL", 1, "dir:a"),
+                ("MWCL", 1, "dir:b"),
+                ("MWCL", 2, "dir:a"),
+                ("MWCL", 2, "dir:b"),
+                ("MWRL", 1, "dir:a"),
+                ("MWRL", 1, "dir:b"),
+                ("MWRL", 2, "dir:a"),
+                ("MWRL", 2, "dir:b"),
+            ]
+        );
+        for m in &all {
+            assert_eq!(m.ops, 50 * m.threads as u64);
+            assert!(m.seconds > 0.0 && m.ops_per_sec() > 0.0, "{m:?}");
+        }
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_leftover_run_directory_is_replaced() {
+        let tmp = crate::testing::tempdir();
+        std::fs::create_dir_all(tmp.path().join("fxbench-MWCL-1/w0")).unwrap();
+        std::fs::write(tmp.path().join("fxbench-MWCL-1/w0/0"), b"").unwrap();
+        let fs = DirBackend::open("dir:a", tmp.path()).unwrap();
+        let m = run_one(&fs, Workload::Mwcl, 1, Budget::Count(5)).unwrap();
+        assert_eq!(m.ops, 5);
+    }
+
+    /// A dir backend whose `stat` always fails.
+    #[derive(Debug)]
+    struct BrokenStat(DirBackend);
+
+    impl Backend for BrokenStat {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+            self.0.create_dir_all(path)
+        }
+        fn create_file(&self, path: &Path) -> io::Result<()> {
+            self.0.create_file(path)
+        }
+        fn stat(&self, _: &Path) -> io::Result<()> {
+            // EIO.
+            Err(io::Error::from_raw_os_error(5))
+        }
+        fn remove_file(&self, path: &Path) -> io::Result<()> {
+            self.0.remove_file(path)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            self.0.rename(from, to)
+        }
+        fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+            self.0.remove_dir_all(path)
+        }
+    }
+
+    #[test]
+    fn a_failing_run_names_workload_backend_and_path_and_still_cleans_up() {
+        let tmp = crate::testing::tempdir();
+        let fs = BrokenStat(DirBackend::open("dir:a", tmp.path()).unwrap());
+        let err = run_one(&fs, Workload::Mrpl, 2, Budget::Count(5)).unwrap_err();
+        let msg = chain(&err);
+        assert!(
+            msg.starts_with("MRPL on dir:a with 2 thread(s): stat fxbench-MRPL-2/w"),
+            "{msg}"
+        );
+        assert!(msg.ends_with("(os error 5)"), "{msg}");
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_leftover_that_cannot_be_removed_is_reported() {
+        let tmp = crate::testing::tempdir();
+        let fs = DirBackend::open("dir:a", tmp.path()).unwrap();
+        std::fs::write(tmp.path().join("fxbench-MWCL-1"), b"").unwrap();
+        let msg = chain(&run_one(&fs, Workload::Mwcl, 1, Budget::Count(5)).unwrap_err());
+        assert!(
+            msg.starts_with("MWCL on dir:a with 1 thread(s): remove leftover fxbench-MWCL-1: "),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn empty_or_zero_parameters_are_refused() {
+        let tmp = crate::testing::tempdir();
+        assert!(plan(tmp.path(), vec![], Budget::Count(1)).check().is_err());
+        assert!(plan(tmp.path(), vec![0], Budget::Count(1)).check().is_err());
+        assert!(plan(tmp.path(), vec![1], Budget::Count(0)).check().is_err());
+        assert!(plan(tmp.path(), vec![1], Budget::Count(1)).check().is_ok());
+        assert!(seconds(0.0).is_err());
+        assert!(seconds(-1.0).is_err());
+        assert!(seconds(f64::NAN).is_err());
+        assert_eq!(
+            seconds(0.5).unwrap(),
+            Budget::Time(Duration::from_millis(500))
+        );
+    }
+}

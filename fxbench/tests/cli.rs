@@ -1,0 +1,172 @@
+//! The built `fxbench` binary, end to end, on a directory under /dev/shm.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const WORKLOADS: [&str; 6] = ["MWCL", "MWCM", "MRPL", "MRPM", "MWUL", "MWRL"];
+
+/// A scratch directory on tmpfs if there is one, else in the temp dir.
+fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_owned()
+    } else {
+        std::env::temp_dir()
+    };
+    tempfile::Builder::new()
+        .prefix("fxbench-test.")
+        .tempdir_in(base)
+        .unwrap()
+}
+
+fn fxbench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fxbench"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `fxbench run` on `dir` and returns stdout and the parsed JSON.
+fn run(dir: &Path, budget: &[&str], threads: &str) -> (String, serde_json::Value) {
+    let json: PathBuf = dir.join("out.json");
+    let backend = format!("dir:{}", dir.display());
+    let mut args = vec![
+        "run",
+        "--workloads",
+        "MWCL,MWCM,MRPL,MRPM,MWUL,MWRL",
+        "--backends",
+        &backend,
+        "--threads",
+        threads,
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    args.extend_from_slice(budget);
+    let out = fxbench(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (stdout, value)
+}
+
+/// The table line for a workload and thread count, split into cells.
+fn table_row<'a>(table: &'a str, workload: &str, threads: u64) -> Vec<&'a str> {
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|cells| cells[0] == workload && cells[2] == threads.to_string())
+        .collect();
+    assert_eq!(rows.len(), 1, "{workload} at {threads} in\n{table}");
+    rows.into_iter().next().unwrap()
+}
+
+#[test]
+fn all_six_workloads_run_for_an_exact_count_and_clean_up() {
+    let tmp = scratch();
+    let (table, json) = run(tmp.path(), &["--count", "300"], "1,2");
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 12, "{json}");
+    for w in WORKLOADS {
+        for threads in [1, 2] {
+            let r = results
+                .iter()
+                .find(|r| r["workload"] == w && r["threads"] == threads)
+                .unwrap_or_else(|| panic!("no {w} at {threads} in {json}"));
+            // --count is exact: 300 operations per worker.
+            assert_eq!(r["ops"], 300 * threads, "{r}");
+            assert!(r["seconds"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+            assert_eq!(r["ratio_to_first"], 1.0, "{r}");
+            let cells = table_row(&table, w, threads);
+            assert_eq!(cells[3], (300 * threads).to_string(), "{table}");
+        }
+    }
+    let machine = &json["machine"];
+    for key in [
+        "hostname",
+        "kernel",
+        "cpu_model",
+        "logical_cpus",
+        "memory_bytes",
+        "date",
+    ] {
+        assert!(machine.get(key).is_some(), "no {key} in {machine}");
+    }
+    // Every run removed its directory: only the JSON file is left.
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["out.json"]);
+}
+
+#[test]
+fn a_timed_run_lasts_about_its_budget() {
+    let tmp = scratch();
+    let (table, json) = run(tmp.path(), &["--seconds", "0.3"], "2");
+    for r in json["results"].as_array().unwrap() {
+        let seconds = r["seconds"].as_f64().unwrap();
+        assert!((0.3..2.0).contains(&seconds), "{r}");
+        assert!(r["ops"].as_u64().unwrap() > 0, "{r}");
+        table_row(&table, r["workload"].as_str().unwrap(), 2);
+    }
+    assert_eq!(json["results"].as_array().unwrap().len(), 6);
+}
+
+#[test]
+fn list_names_every_workload() {
+    let out = fxbench(&["list"]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let names: Vec<_> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(names, WORKLOADS);
+}
+
+/// Runs with one bad argument and returns the error line.
+fn refused(args: &[&str]) -> String {
+    let out = fxbench(args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    err
+}
+
+#[test]
+fn bad_arguments_are_refused_in_one_sentence() {
+    let tmp = scratch();
+    let dir = format!("dir:{}", tmp.path().display());
+    fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        [&["run", "--count", "1"][..], extra].concat()
+    }
+
+    let err = refused(&with(&["--workloads", "MWCL,NOPE", "--backends", &dir]));
+    assert!(err.contains("unknown workload `NOPE`"), "{err}");
+
+    let err = refused(&with(&["--backends", "nfs:/x"]));
+    assert!(
+        err.contains("unknown backend `nfs:/x`") && err.contains("dir:PATH"),
+        "{err}"
+    );
+
+    let missing = format!("dir:{}/missing", tmp.path().display());
+    let err = refused(&with(&["--backends", &missing]));
+    assert!(err.contains("does not exist"), "{err}");
+
+    let json = format!("{}/missing/out.json", tmp.path().display());
+    let err = refused(&with(&["--backends", &dir, "--json", &json]));
+    assert!(err.contains("write results to"), "{err}");
+
+    let err = refused(&with(&["--backends", &dir, "--threads", "0"]));
+    assert!(err.contains("at least 1"), "{err}");
+
+    // Nothing ran, so nothing was left behind.
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
