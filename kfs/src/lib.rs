@@ -10,8 +10,10 @@ pub mod image;
 pub mod log;
 pub mod namespace;
 pub mod record;
+pub mod server;
 pub mod volume;
 
 pub use error::{Error, Result};
 pub use image::{inspect, mkfs, Image, ImageReport};
+pub use server::{Client, Kfs, ServerConfig, StatsSnapshot};
 pub use volume::Volume;

@@ -1,0 +1,401 @@
+//! The Kfs thread: polls its clients' request slots, applies each request
+//! to the volume, replies, and keeps house (reclamation, checkpoints) when
+//! idle (DESIGN §3, §5).
+//!
+//! Polling backs off adaptively: while requests arrive it spins; after
+//! [`ServerConfig::spin`] without work it yields the CPU between polls;
+//! after [`ServerConfig::yield_for`] it sleeps on the doorbell until a
+//! client rings. On a 2-core machine a spinning Kfs takes a core from the
+//! application, so the spin window is short.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kucofs_common::channel::{Doorbell, Segment, SLOTS};
+use kucofs_common::proto::{Creds, Reply, RequestKind, REQUEST_MAX};
+use parking_lot::Mutex;
+
+use crate::volume::Volume;
+use crate::{Error, Result};
+
+/// How the Kfs thread polls.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerConfig {
+    /// Keep spinning this long after the last request.
+    pub spin: Duration,
+    /// Then yield between polls this long before sleeping.
+    pub yield_for: Duration,
+    /// Sleep at most this long between housekeeping rounds.
+    pub sleep: Duration,
+    /// Checkpoint after this long without requests, if the log holds any.
+    pub idle_checkpoint: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            spin: Duration::from_micros(50),
+            yield_for: Duration::from_millis(2),
+            sleep: Duration::from_millis(100),
+            idle_checkpoint: Duration::from_millis(500),
+        }
+    }
+}
+
+const KINDS: usize = RequestKind::ALL.len();
+
+fn kind_index(k: RequestKind) -> usize {
+    RequestKind::ALL
+        .iter()
+        .position(|&x| x == k)
+        .unwrap_or(KINDS - 1)
+}
+
+/// Counters the Kfs thread keeps, readable from any thread.
+#[derive(Debug)]
+pub struct Stats {
+    started: Instant,
+    busy_ns: AtomicU64,
+    count: [AtomicU64; KINDS],
+    ns: [AtomicU64; KINDS],
+    checkpoints: AtomicU64,
+    reclaimed: AtomicU64,
+    hints: [AtomicU64; 3],
+}
+
+impl Stats {
+    fn new() -> Stats {
+        Stats {
+            started: Instant::now(),
+            busy_ns: AtomicU64::new(0),
+            count: Default::default(),
+            ns: Default::default(),
+            checkpoints: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            hints: Default::default(),
+        }
+    }
+
+    /// A copy of the counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let per_kind = RequestKind::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| {
+                (
+                    k,
+                    self.count[i].load(Ordering::Relaxed),
+                    self.ns[i].load(Ordering::Relaxed),
+                )
+            })
+            .filter(|&(_, n, _)| n > 0)
+            .collect();
+        StatsSnapshot {
+            uptime: self.started.elapsed(),
+            busy: Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
+            per_kind,
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            reclaimed: self.reclaimed.load(Ordering::Relaxed),
+            hints_used: self.hints[0].load(Ordering::Relaxed),
+            hints_stale: self.hints[1].load(Ordering::Relaxed),
+            hints_absent: self.hints[2].load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Kfs's counters at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatsSnapshot {
+    /// Since the thread started.
+    pub uptime: Duration,
+    /// Time spent serving requests.
+    pub busy: Duration,
+    /// Per request type: (type, count, total service time in ns).
+    pub per_kind: Vec<(RequestKind, u64, u64)>,
+    /// Checkpoints taken.
+    pub checkpoints: u64,
+    /// Index items reclaimed after their grace period.
+    pub reclaimed: u64,
+    /// Pre-located addresses used as sent.
+    pub hints_used: u64,
+    /// Pre-located addresses found stale (Kfs searched itself).
+    pub hints_stale: u64,
+    /// Lookups in requests that came without addresses.
+    pub hints_absent: u64,
+}
+
+impl StatsSnapshot {
+    /// Requests served.
+    pub fn served(&self) -> u64 {
+        self.per_kind.iter().map(|k| k.1).sum()
+    }
+
+    /// Mean service time `L` of one request type.
+    pub fn mean(&self, kind: RequestKind) -> Option<Duration> {
+        self.per_kind
+            .iter()
+            .find(|k| k.0 == kind)
+            .map(|&(_, n, ns)| Duration::from_nanos(ns / n.max(1)))
+    }
+}
+
+impl fmt::Display for StatsSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pct = self.busy.as_secs_f64() * 100.0 / self.uptime.as_secs_f64().max(1e-9);
+        writeln!(
+            f,
+            "kfs: {} requests in {:.1?} ({pct:.1}% busy), {} checkpoints, {} items reclaimed",
+            self.served(),
+            self.uptime,
+            self.checkpoints,
+            self.reclaimed
+        )?;
+        writeln!(
+            f,
+            "kfs: pre-located addresses: {} used, {} stale, {} requests without",
+            self.hints_used, self.hints_stale, self.hints_absent
+        )?;
+        for &(k, n, ns) in &self.per_kind {
+            writeln!(
+                f,
+                "kfs:   {k:?}: {n} served, mean service time L = {} ns",
+                ns / n.max(1)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// One client the Kfs thread serves.
+#[derive(Debug)]
+pub struct Client {
+    /// Kfs's mapping of the client's request segment.
+    pub segment: Segment,
+    /// The credentials its changes are made with.
+    pub creds: Creds,
+}
+
+/// A running Kfs thread.
+#[derive(Debug)]
+pub struct Kfs {
+    thread: Option<JoinHandle<Result<()>>>,
+    stop: Arc<AtomicBool>,
+    crash: Arc<AtomicBool>,
+    doorbell: Doorbell,
+    stats: Arc<Stats>,
+    clients: Arc<Mutex<Vec<Client>>>,
+    new_clients: Arc<AtomicBool>,
+}
+
+impl Kfs {
+    /// Starts the Kfs thread on `volume`. Clients ring `doorbell`.
+    pub fn start(volume: Volume, doorbell: &Doorbell, config: ServerConfig) -> Result<Kfs> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let crash = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Stats::new());
+        let clients = Arc::new(Mutex::new(Vec::new()));
+        let new_clients = Arc::new(AtomicBool::new(false));
+        let io = |e| Error::Region(e);
+        let bell = doorbell.map_again().map_err(io)?;
+        let thread = {
+            let (stop, crash, stats, clients, new_clients) = (
+                stop.clone(),
+                crash.clone(),
+                stats.clone(),
+                clients.clone(),
+                new_clients.clone(),
+            );
+            std::thread::Builder::new()
+                .name("kfs".into())
+                .spawn(move || {
+                    let mut s = Server {
+                        volume,
+                        clients: Vec::new(),
+                        doorbell: bell,
+                        stats,
+                        config,
+                    };
+                    s.run(&stop, &clients, &new_clients);
+                    if crash.load(Ordering::Acquire) {
+                        // A simulated crash: no checkpoint, no clean flag.
+                        drop(s.volume);
+                        Ok(())
+                    } else {
+                        s.volume.close()
+                    }
+                })
+                .map_err(|e| {
+                    Error::Region(kucofs_common::Error::Io {
+                        action: "start the Kfs thread for",
+                        path: "image".into(),
+                        cause: e,
+                    })
+                })?
+        };
+        Ok(Kfs {
+            thread: Some(thread),
+            stop,
+            crash,
+            doorbell: doorbell.map_again().map_err(io)?,
+            stats,
+            clients,
+            new_clients,
+        })
+    }
+
+    /// Adds a client; Kfs serves it from its next poll.
+    pub fn attach(&self, client: Client) {
+        self.clients.lock().push(client);
+        self.new_clients.store(true, Ordering::Release);
+        self.doorbell.wake();
+    }
+
+    /// Kfs's counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Release);
+        self.doorbell.wake();
+        match self.thread.take() {
+            Some(t) => t.join().unwrap_or_else(|_| {
+                Err(Error::Region(kucofs_common::Error::Unusable {
+                    path: "kfs".into(),
+                    why: "the Kfs thread panicked".into(),
+                }))
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the thread after the requests in flight, checkpoints, and
+    /// marks the image clean.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    /// Stops the thread as a crash would: no checkpoint, no clean flag (the
+    /// next open recovers from the log). For tests.
+    pub fn crash(mut self) {
+        self.crash.store(true, Ordering::Release);
+        let _ = self.stop();
+    }
+}
+
+impl Drop for Kfs {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+struct Server {
+    volume: Volume,
+    clients: Vec<Client>,
+    doorbell: Doorbell,
+    stats: Arc<Stats>,
+    config: ServerConfig,
+}
+
+impl Server {
+    fn run(&mut self, stop: &AtomicBool, incoming: &Mutex<Vec<Client>>, new_clients: &AtomicBool) {
+        let mut buf = [0u8; REQUEST_MAX];
+        let mut last_work = Instant::now();
+        let mut since_reclaim = 0u32;
+        loop {
+            if new_clients.swap(false, Ordering::AcqRel) {
+                self.clients.append(&mut incoming.lock());
+            }
+            let served = self.poll(&mut buf);
+            if served > 0 {
+                last_work = Instant::now();
+                since_reclaim += served;
+                if since_reclaim >= 1024 {
+                    since_reclaim = 0;
+                    self.reclaim();
+                }
+                continue;
+            }
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            let idle = last_work.elapsed();
+            if idle < self.config.spin {
+                std::hint::spin_loop();
+            } else if idle < self.config.yield_for {
+                std::thread::yield_now();
+            } else {
+                self.reclaim();
+                if idle >= self.config.idle_checkpoint
+                    && self.volume.checkpoint_if_dirty().unwrap_or(false)
+                {
+                    self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                }
+                let clients = &self.clients;
+                self.doorbell.sleep(self.config.sleep, || {
+                    stop.load(Ordering::Acquire)
+                        || new_clients.load(Ordering::Acquire)
+                        || clients.iter().any(|c| c.segment.any_pending())
+                });
+            }
+        }
+    }
+
+    fn poll(&mut self, buf: &mut [u8; REQUEST_MAX]) -> u32 {
+        let mut served = 0;
+        let Server {
+            volume,
+            clients,
+            stats,
+            ..
+        } = self;
+        for c in clients.iter() {
+            for w in 0..SLOTS / 64 {
+                let mut bits = c.segment.take_pending(w);
+                while bits != 0 {
+                    let slot = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    let creds = c.creds;
+                    c.segment.serve(slot, buf, |req| {
+                        let t0 = Instant::now();
+                        let (kind, reply) = match req {
+                            Ok(r) => (r.kind(), volume.handle(&r, creds)),
+                            Err(e) => (RequestKind::Malformed, Reply::err(e)),
+                        };
+                        let ns = t0.elapsed().as_nanos() as u64;
+                        let i = kind_index(kind);
+                        stats.count[i].fetch_add(1, Ordering::Relaxed);
+                        stats.ns[i].fetch_add(ns, Ordering::Relaxed);
+                        stats.busy_ns.fetch_add(ns, Ordering::Relaxed);
+                        reply
+                    });
+                    served += 1;
+                }
+            }
+        }
+        if served > 0 {
+            let h = volume.namespace().hint_stats();
+            stats.hints[0].store(h.used, Ordering::Relaxed);
+            stats.hints[1].store(h.stale, Ordering::Relaxed);
+            stats.hints[2].store(h.absent, Ordering::Relaxed);
+            stats
+                .checkpoints
+                .store(volume.checkpoints(), Ordering::Relaxed);
+        }
+        served
+    }
+
+    fn reclaim(&mut self) {
+        if self.volume.namespace().arena().retired() == 0 {
+            return;
+        }
+        let clients = &self.clients;
+        let epochs = clients.iter().flat_map(|c| c.segment.epochs());
+        if let Ok(n) = self.volume.namespace_mut().reclaim(epochs) {
+            self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+}
