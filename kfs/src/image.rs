@@ -117,7 +117,7 @@ fn write_superblock(region: &Region, sb: &Superblock) -> Result<()> {
 
 /// Reads both superblock copies through `read` (which copies bytes at an
 /// offset, as far as the image has them) and picks the one to use.
-fn select_superblock(
+pub(crate) fn select_superblock(
     path: &Path,
     len: u64,
     read: impl Fn(u64, &mut [u8]) -> kucofs_common::Result<()>,

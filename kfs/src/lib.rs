@@ -6,6 +6,7 @@
 pub mod arena;
 pub mod checkpoint;
 mod error;
+pub mod fsck;
 pub mod image;
 pub mod log;
 pub mod namespace;
@@ -14,6 +15,7 @@ pub mod server;
 pub mod volume;
 
 pub use error::{Error, Result};
+pub use fsck::{fsck, FsckReport};
 pub use image::{inspect, mkfs, Image, ImageReport};
 pub use server::{Client, Kfs, ServerConfig, StatsSnapshot};
 pub use volume::Volume;

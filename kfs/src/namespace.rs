@@ -608,23 +608,32 @@ impl Namespace {
             return Err(Errno::EINVAL);
         }
         let p = self.parent_of(path, hint)?;
-        let name = match p.last {
-            Last::Name(n) => n,
-            _ if kind == Kind::File => return Err(Errno::EISDIR),
-            _ => return Err(Errno::EEXIST),
+        // The order of Linux's checks: "." and "..", then (for a regular
+        // file, as open(O_CREAT) sees it) a trailing slash, then existence,
+        // then (for symlinks) a trailing slash on a name that is free.
+        let Last::Name(name) = p.last else {
+            return Err(Errno::EEXIST);
         };
+        if p.trailing_slash && kind == Kind::File {
+            return Err(Errno::EISDIR);
+        }
         check_name(name)?;
         let (preds, found, height) = self.insert_point(p.dir, name_hash(name), name, hint);
         if found != 0 {
             return Err(Errno::EEXIST);
         }
         if p.trailing_slash && kind != Kind::Dir {
-            return Err(if kind == Kind::File {
-                Errno::EISDIR
-            } else {
-                Errno::ENOENT
-            });
+            return Err(Errno::ENOENT);
         }
+        // In a set-group-ID directory, new entries take its group, and new
+        // directories its set-group-ID bit too.
+        let parent = self.reader().attr(p.dir).ok_or(Errno::EIO)?;
+        let (mode, gid) = if parent.mode & libc::S_ISGID != 0 {
+            let bit = if kind == Kind::Dir { libc::S_ISGID } else { 0 };
+            (mode | bit, parent.gid)
+        } else {
+            (mode, creds.gid)
+        };
         let ino = self.peek_ino()?;
         Ok(Outcome::Change(Box::new(Prepared {
             record: Record::Create {
@@ -633,7 +642,7 @@ impl Namespace {
                 ino,
                 mode,
                 uid: creds.uid,
-                gid: creds.gid,
+                gid,
                 time,
                 target: target.to_vec(),
             },
@@ -759,12 +768,13 @@ impl Namespace {
                 Errno::EBUSY
             });
         };
+        // Each name is checked where Linux looks it up: the source first.
         check_name(sname)?;
-        check_name(dname)?;
         let (spreds, sfound) = self.find_entry(sp.dir, sname, hint_from);
         if sfound == 0 {
             return Err(Errno::ENOENT);
         }
+        check_name(dname)?;
         let (dpreds, dfound, height) = self.insert_point(dp.dir, name_hash(dname), dname, hint_to);
         if noreplace && dfound != 0 {
             return Err(Errno::EEXIST);

@@ -1,9 +1,29 @@
-//! Ulib, the KucoFS client library that applications link: path resolution,
-//! metadata and file reads straight from the read-only mapped index and
-//! region, and requests to Kfs for every change.
+//! Ulib, the KucoFS client library that applications link.
 //!
-//! The library grows with the metadata path (index, channels, the `Fs`
-//! handle); today it re-exports the pieces it will stand on.
+//! [`Fs::open`] starts Kfs inside the application (embedded mode) and
+//! returns a handle shaped like `std::fs`: paths resolve, `metadata` and
+//! `read_dir` answer straight from the index mapped read-only into the
+//! process, and every change goes to Kfs as a request carrying the addresses
+//! Ulib already found (collaborative indexing).
+//!
+//! ```no_run
+//! # fn main() -> std::io::Result<()> {
+//! let fs = kucofs_ulib::Fs::create("/dev/shm/example.img", 64 << 20)?;
+//! fs.create_dir_all("a/b")?;
+//! fs.create_file("a/b/hello")?;
+//! assert!(fs.metadata("a/b/hello")?.is_file());
+//! for entry in fs.read_dir("a/b")? {
+//!     println!("{}", entry?.file_name().to_string_lossy());
+//! }
+//! fs.close()
+//! # }
+//! ```
 
-pub use kucofs_common as common;
-pub use kucofs_kfs as kfs;
+mod dir;
+mod fs;
+mod metadata;
+
+pub use dir::{DirEntry, ReadDir};
+pub use fs::{Config, Fs};
+pub use kucofs_kfs::{ServerConfig, StatsSnapshot};
+pub use metadata::{FileType, Metadata, Permissions, StatFs};

@@ -162,6 +162,11 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         self.mem.load_u64(HDR_ROOT, Ordering::Acquire)
     }
 
+    /// Number of live inodes.
+    pub fn inode_count(&self) -> u64 {
+        self.mem.load_u64(HDR_INODES, Ordering::Relaxed)
+    }
+
     /// The global reclamation epoch.
     pub fn epoch(&self) -> u64 {
         self.mem.load_u64(HDR_EPOCH, Ordering::SeqCst)

@@ -1,0 +1,325 @@
+//! `kucofs fsck`: recover an image read-only and check every invariant.
+//!
+//! Checked: both superblock copies, the checkpoint's checksums and records,
+//! every log entry's replay; then the rebuilt namespace: every entry is a
+//! live item of its directory with the right hash, name, inode number and
+//! kind, every skip-list level is sorted and a subset of the one below,
+//! every inode is reachable and in the inode table, link counts, entry
+//! counts and `..` links agree with the tree, and the free-page bitmap marks
+//! no page that no file owns.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use kucofs_common::format::{Superblock, PAGE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE};
+use kucofs_common::index::layout::*;
+use kucofs_common::index::{check_name, name_hash, IndexReader, Kind};
+use kucofs_common::pm::{RegionView, Shm};
+
+use crate::image::select_superblock;
+use crate::namespace::Namespace;
+use crate::volume::{recover, Replayed};
+use crate::Result;
+
+/// What fsck found.
+#[derive(Debug, Clone)]
+pub struct FsckReport {
+    /// The superblock in force.
+    pub superblock: Superblock,
+    /// Every broken invariant, one sentence each. Empty: the image is clean.
+    pub problems: Vec<String>,
+    /// Inodes in the tree.
+    pub inodes: u64,
+    /// Directory entries in the tree.
+    pub entries: u64,
+    /// Log entries replayed.
+    pub replayed: Replayed,
+}
+
+impl fmt::Display for FsckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} inodes, {} directory entries, {} log entries replayed",
+            self.inodes, self.entries, self.replayed.entries
+        )?;
+        if self.problems.is_empty() {
+            writeln!(f, "clean")
+        } else {
+            for p in &self.problems {
+                writeln!(f, "problem: {p}")?;
+            }
+            writeln!(f, "{} problems", self.problems.len())
+        }
+    }
+}
+
+/// Checks the image at `path` without changing it. Fails only when the
+/// image cannot be read as KucoFS at all (the same refusals as opening it).
+pub fn fsck(path: &Path) -> Result<FsckReport> {
+    let view = RegionView::open(path)?;
+    let (sb, copy) = select_superblock(path, view.len(), |off, buf| view.read(off, buf))?;
+    let mut report = FsckReport {
+        superblock: sb.clone(),
+        problems: Vec::new(),
+        inodes: 0,
+        entries: 0,
+        replayed: Replayed::default(),
+    };
+    for (i, off) in SUPERBLOCK_OFFSETS.iter().enumerate() {
+        let mut b = [0u8; SUPERBLOCK_SIZE];
+        let ok = view.read(*off, &mut b).is_ok() && Superblock::decode(&b).is_ok();
+        if !ok {
+            report.problems.push(format!(
+                "superblock copy {} is damaged (copy {copy:?} is in use)",
+                ["A", "B"][i]
+            ));
+        }
+    }
+    let ns = match recover(&sb, |off, buf| view.read(off, buf).is_ok()) {
+        Ok((ns, replayed)) => {
+            report.replayed = replayed;
+            ns
+        }
+        Err(why) => {
+            report.problems.push(why);
+            return Ok(report);
+        }
+    };
+    check_tree(&ns, &mut report);
+    check_bitmap(&view, &sb, &mut report);
+    Ok(report)
+}
+
+fn check_tree(ns: &Namespace, report: &mut FsckReport) {
+    let r = ns.reader();
+    let p = &mut report.problems;
+    let root = r.root();
+    // Inode offset -> (names pointing at it, subdirectories, entries).
+    let mut refs: HashMap<u64, u32> = HashMap::new();
+    let mut subdirs: HashMap<u64, u32> = HashMap::new();
+    let mut stack = vec![root];
+    let mut seen_dirs = std::collections::HashSet::new();
+    seen_dirs.insert(root);
+    while let Some(dir) = stack.pop() {
+        let dir_ino = r.ino(dir);
+        let head = r.dir_head(dir);
+        if !r.is_live(head, TAG_DIRHEAD, None) {
+            p.push(format!(
+                "directory {dir_ino}: list head is not a live head item"
+            ));
+            continue;
+        }
+        check_levels(&r, head, dir_ino, p);
+        let mut count = 0u64;
+        let mut x = r.next(head, 0);
+        let mut prev: Option<(u64, Vec<u8>)> = None;
+        while x != 0 {
+            count += 1;
+            report.entries += 1;
+            let e = r.dirent(x);
+            let name = String::from_utf8_lossy(&e.name).into_owned();
+            let at = format!("entry {name:?} in directory {dir_ino}");
+            if !r.is_live(x, TAG_DIRENT, None) {
+                p.push(format!("{at}: not a live entry item"));
+            }
+            if ns.arena().get(x + D_DIR) != dir {
+                p.push(format!("{at}: records another directory as its own"));
+            }
+            if check_name(&e.name).is_err() {
+                p.push(format!("{at}: invalid name"));
+            }
+            if e.hash != name_hash(&e.name) {
+                p.push(format!("{at}: stored hash does not match the name"));
+            }
+            if let Some((h, n)) = &prev {
+                if (*h, n.as_slice()) >= (e.hash, e.name.as_slice()) {
+                    p.push(format!("{at}: out of key order"));
+                }
+            }
+            prev = Some((e.hash, e.name.clone()));
+            let inode = e.inode;
+            match r.attr(inode) {
+                None => p.push(format!("{at}: names something that is not an inode")),
+                Some(a) => {
+                    if !r.is_live(inode, TAG_INODE, None) {
+                        p.push(format!("{at}: names a removed inode"));
+                    }
+                    if a.ino != e.ino {
+                        p.push(format!(
+                            "{at}: records inode {} but names inode {}",
+                            e.ino, a.ino
+                        ));
+                    }
+                    if a.kind() != Some(e.kind) {
+                        p.push(format!(
+                            "{at}: records kind {:?} but the inode is {:?}",
+                            e.kind,
+                            a.kind()
+                        ));
+                    }
+                    if r.inode_by_ino(a.ino) != inode {
+                        p.push(format!("{at}: inode {} is not in the inode table", a.ino));
+                    }
+                    *refs.entry(inode).or_default() += 1;
+                    if a.kind() == Some(Kind::Dir) {
+                        *subdirs.entry(dir).or_default() += 1;
+                        if r.parent(inode) != dir {
+                            p.push(format!(
+                                "{at}: the directory's \"..\" names another directory"
+                            ));
+                        }
+                        if seen_dirs.insert(inode) {
+                            stack.push(inode);
+                        } else {
+                            p.push(format!("{at}: a directory with more than one name"));
+                        }
+                    }
+                    if a.kind() == Some(Kind::Symlink)
+                        && r.readlink(inode).is_none_or(|t| t.is_empty())
+                    {
+                        p.push(format!("{at}: symlink without a target"));
+                    }
+                }
+            }
+            x = r.next(x, 0);
+        }
+        if let Some(a) = r.attr(dir) {
+            if a.entries != count {
+                p.push(format!(
+                    "directory {dir_ino}: records {} entries but holds {count}",
+                    a.entries
+                ));
+            }
+        }
+    }
+    // Link counts, and reachability of everything in the inode table.
+    let mut in_table = 0u64;
+    let top = ns.arena().get(HDR_ITABLE);
+    for chunk_no in 0..ITABLE_TOP_SLOTS {
+        let chunk = ns.arena().get(top + ITABLE_SLOTS_AT + 8 * chunk_no);
+        if chunk == 0 {
+            continue;
+        }
+        for slot in 0..ITABLE_CHUNK_INOS {
+            let inode = ns.arena().get(chunk + ITABLE_SLOTS_AT + 8 * slot);
+            if inode == 0 {
+                continue;
+            }
+            in_table += 1;
+            let ino = chunk_no * ITABLE_CHUNK_INOS + slot;
+            let Some(a) = r.attr(inode) else {
+                p.push(format!(
+                    "inode table: inode {ino} points at something that is not an inode"
+                ));
+                continue;
+            };
+            if a.ino != ino {
+                p.push(format!("inode table: slot {ino} holds inode {}", a.ino));
+            }
+            let names = refs.get(&inode).copied().unwrap_or(0);
+            if inode != root && names == 0 {
+                p.push(format!("inode {ino} is not reachable from the root"));
+                continue;
+            }
+            let want = match a.kind() {
+                Some(Kind::Dir) => 2 + subdirs.get(&inode).copied().unwrap_or(0),
+                _ => names,
+            };
+            if a.nlink != want {
+                p.push(format!(
+                    "inode {ino}: link count {} but {want} expected",
+                    a.nlink
+                ));
+            }
+        }
+    }
+    report.inodes = in_table;
+    if ns.arena().get(HDR_INODES) != in_table {
+        p.push(format!(
+            "the index counts {} inodes but its table holds {in_table}",
+            ns.arena().get(HDR_INODES)
+        ));
+    }
+}
+
+/// Every level of a directory's skip list is sorted and contains only
+/// nodes that the level below also contains.
+fn check_levels(r: &IndexReader<'_, Shm>, head: u64, dir_ino: u64, p: &mut Vec<String>) {
+    let mut below: Option<std::collections::HashSet<u64>> = None;
+    for level in 0..MAX_HEIGHT {
+        let mut nodes = std::collections::HashSet::new();
+        let mut x = r.next(head, level);
+        let mut prev: Option<(u64, Vec<u8>)> = None;
+        let mut steps = 0u64;
+        while x != 0 {
+            steps += 1;
+            if steps > 1 << 32 || !nodes.insert(x) {
+                p.push(format!(
+                    "directory {dir_ino}: level {level} of its list loops"
+                ));
+                break;
+            }
+            if r.height(x) <= level {
+                p.push(format!(
+                    "directory {dir_ino}: a node of height {} is linked at level {level}",
+                    r.height(x)
+                ));
+            }
+            let e = r.dirent(x);
+            if let Some((h, n)) = &prev {
+                if (*h, n.as_slice()) >= (e.hash, e.name.as_slice()) {
+                    p.push(format!(
+                        "directory {dir_ino}: level {level} is out of key order"
+                    ));
+                }
+            }
+            prev = Some((e.hash, e.name));
+            x = r.next(x, level);
+        }
+        if let Some(b) = &below {
+            if !nodes.is_subset(b) {
+                p.push(format!(
+                    "directory {dir_ino}: level {level} holds nodes missing from level {}",
+                    level - 1
+                ));
+            }
+        }
+        if nodes.is_empty() {
+            break;
+        }
+        below = Some(nodes);
+    }
+}
+
+fn check_bitmap(view: &RegionView, sb: &Superblock, report: &mut FsckReport) {
+    let g = sb.geometry;
+    let mut page = vec![0u8; PAGE_SIZE as usize];
+    let mut marked = 0u64;
+    for i in 0..g.bitmap.pages {
+        if view
+            .read(g.bitmap.offset() + i * PAGE_SIZE, &mut page)
+            .is_err()
+        {
+            report
+                .problems
+                .push("the bitmap is outside the image".into());
+            return;
+        }
+        for (j, &b) in page.iter().enumerate() {
+            let first = i * PAGE_SIZE * 8 + j as u64 * 8;
+            if first >= g.data.pages {
+                break;
+            }
+            marked += u64::from(b.count_ones());
+        }
+    }
+    // No file owns data pages yet (file data arrives with the data path),
+    // so every marked page is a leak.
+    if marked > 0 {
+        report.problems.push(format!(
+            "the bitmap marks {marked} data pages in use that no file owns"
+        ));
+    }
+}

@@ -1,0 +1,208 @@
+//! Model-based test of KucoFS's namespace: random operation sequences run
+//! on the model (`tests/model`, itself checked against the Linux kernel by
+//! `model_vs_kernel`) and on KucoFS must give the same results, errno for
+//! errno. Then the file system is closed and reopened, and the tree must be
+//! identical; then it is dropped without a clean close (a simulated crash)
+//! and reopened, identical again.
+
+mod model;
+
+use std::io;
+use std::path::Path;
+
+use kucofs_ulib::{Config, Fs, Metadata, Permissions};
+use model::{Errno, Kind, Model, Op, Outcome, Stat, TreeEntry, PERM_MASK, UMASK};
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+
+fn errno(e: io::Error) -> Errno {
+    e.raw_os_error()
+        .unwrap_or_else(|| panic!("an error without an errno: {e}"))
+}
+
+fn done(r: io::Result<()>) -> Outcome {
+    Outcome::from_unit(r.map_err(errno))
+}
+
+fn kind(m: &Metadata) -> Kind {
+    if m.is_dir() {
+        Kind::Dir
+    } else if m.is_symlink() {
+        Kind::Symlink
+    } else {
+        Kind::File
+    }
+}
+
+fn stat_of(m: &Metadata) -> Stat {
+    let k = kind(m);
+    Stat {
+        kind: k,
+        perm: m.mode() & PERM_MASK,
+        nlink: m.nlink(),
+        size: if k == Kind::Dir { 0 } else { m.len() },
+    }
+}
+
+fn apply(fs: &Fs, op: &Op) -> Outcome {
+    let stat = |r: io::Result<Metadata>| match r {
+        Ok(m) => Outcome::Stat(stat_of(&m)),
+        Err(e) => Outcome::Err(errno(e)),
+    };
+    match op {
+        Op::Create(p) => done(fs.create_file(p)),
+        Op::Mkdir(p) => done(fs.create_dir(p)),
+        Op::Unlink(p) => done(fs.remove_file(p)),
+        Op::Rmdir(p) => done(fs.remove_dir(p)),
+        Op::Rename {
+            from,
+            to,
+            noreplace: true,
+        } => done(fs.rename_noreplace(from, to)),
+        Op::Rename { from, to, .. } => done(fs.rename(from, to)),
+        Op::Link { existing, new } => done(fs.hard_link(existing, new)),
+        Op::Symlink { target, link } => done(fs.symlink(target, link)),
+        Op::Readlink(p) => match fs.read_link(p) {
+            Ok(t) => Outcome::Target(t.to_str().expect("UTF-8").to_owned()),
+            Err(e) => Outcome::Err(errno(e)),
+        },
+        Op::Stat(p) => stat(fs.metadata(p)),
+        Op::Lstat(p) => stat(fs.symlink_metadata(p)),
+        Op::ReadDir(p) => match read_dir(fs, p) {
+            Ok(v) => Outcome::Entries(v),
+            Err(e) => Outcome::Err(errno(e)),
+        },
+        Op::Chmod { path, mode } => done(fs.set_permissions(path, Permissions::from_mode(*mode))),
+    }
+}
+
+fn read_dir(fs: &Fs, p: &str) -> io::Result<Vec<(String, Kind)>> {
+    let mut v = Vec::new();
+    for e in fs.read_dir(p)? {
+        let e = e?;
+        let t = e.file_type()?;
+        let k = if t.is_dir() {
+            Kind::Dir
+        } else if t.is_symlink() {
+            Kind::Symlink
+        } else {
+            Kind::File
+        };
+        v.push((e.file_name().into_string().expect("UTF-8"), k));
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// The whole tree, in `model::canonical_tree` form.
+fn tree(fs: &Fs) -> Vec<TreeEntry> {
+    let mut raw = Vec::new();
+    let mut pending = vec![String::new()];
+    while let Some(prefix) = pending.pop() {
+        let dir = if prefix.is_empty() {
+            "/".to_owned()
+        } else {
+            prefix.clone()
+        };
+        for e in fs.read_dir(&dir).expect("read a directory") {
+            let e = e.expect("an entry");
+            let name = e.file_name().into_string().expect("UTF-8");
+            let path = format!("{prefix}{name}");
+            let m = e.metadata().expect("metadata of an entry");
+            let s = stat_of(&m);
+            let target = (s.kind == Kind::Symlink).then(|| {
+                fs.read_link(&path)
+                    .expect("readlink")
+                    .to_str()
+                    .unwrap()
+                    .to_owned()
+            });
+            if s.kind == Kind::Dir {
+                pending.push(format!("{path}/"));
+            }
+            raw.push((
+                m.ino(),
+                TreeEntry {
+                    path,
+                    kind: s.kind,
+                    perm: s.perm,
+                    nlink: s.nlink,
+                    target,
+                    first_link: None,
+                },
+            ));
+        }
+    }
+    model::canonical_tree(raw)
+}
+
+fn config(collaborative: bool) -> Config {
+    Config {
+        collaborative,
+        umask: UMASK,
+        ..Config::default()
+    }
+}
+
+fn check(ops: &[Op], collaborative: bool) -> Result<(), TestCaseError> {
+    let dir = tempfile::Builder::new()
+        .prefix("kucofs-model-")
+        .tempdir_in("/dev/shm")
+        .expect("temp dir");
+    let image = dir.path().join("img");
+    kucofs_kfs::mkfs(&image, 4 << 20, false).expect("mkfs");
+    let fs = Fs::open_with(&image, config(collaborative)).expect("open");
+    // The model's root is 0o755, as mkfs makes it.
+    let mut model = Model::new();
+    for (i, op) in ops.iter().enumerate() {
+        let want = model.apply(op);
+        let got = apply(&fs, op);
+        prop_assert_eq!(&got, &want, "op {} of {:?}: {:?}", i, ops, op);
+    }
+    let want = model.tree();
+    prop_assert_eq!(&tree(&fs), &want, "tree after {:?}", ops);
+    fs.close().expect("close");
+    let fs = Fs::open_with(&image, config(collaborative)).expect("reopen");
+    prop_assert_eq!(&tree(&fs), &want, "tree after a clean reopen");
+    // More changes after the reopen live only in the log; then a crash.
+    let extra: Vec<Op> = ops.iter().rev().take(10).cloned().collect();
+    for op in &extra {
+        model.apply(op);
+        apply(&fs, op);
+    }
+    let want = model.tree();
+    prop_assert_eq!(&tree(&fs), &want);
+    fs.simulate_crash();
+    let fs = Fs::open_with(&image, config(collaborative)).expect("reopen after a crash");
+    prop_assert_eq!(&tree(&fs), &want, "tree after crash recovery");
+    fs.close().expect("close");
+    let report = kucofs_kfs::fsck(Path::new(&image)).expect("fsck runs");
+    prop_assert!(report.problems.is_empty(), "fsck: {:?}", report.problems);
+    Ok(())
+}
+
+fn proptest_config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(proptest_config(256))]
+
+    #[test]
+    fn kucofs_matches_the_model(ops in model::ops()) {
+        check(&ops, true)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(proptest_config(64))]
+
+    #[test]
+    fn kucofs_matches_the_model_without_collaborative_indexing(ops in model::ops()) {
+        check(&ops, false)?;
+    }
+}

@@ -1,0 +1,616 @@
+//! The `Fs` handle: an embedded Kfs, the read-only views of index and
+//! region, and one request slot per thread that uses the handle.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kucofs_common::channel::{Doorbell, Segment, SLOTS};
+use kucofs_common::format::{Geometry, CHECKPOINT_HEADER_SIZE};
+use kucofs_common::index::layout::{header_gen, MAX_HEIGHT};
+use kucofs_common::index::{name_hash, IndexReader, Kind, Last, NAME_MAX};
+use kucofs_common::pm::{RegionView, ShmView};
+use kucofs_common::proto::{Creds, Hint, Reply, Request, SetAttrs};
+use kucofs_common::Errno;
+use kucofs_kfs::{Client, Kfs, ServerConfig, StatsSnapshot, Volume};
+use parking_lot::Mutex;
+
+use crate::dir::ReadDir;
+use crate::metadata::{Metadata, Permissions, StatFs};
+
+/// How a file system is opened.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Send Kfs the addresses Ulib found while resolving a path
+    /// (collaborative indexing). Off: send bare paths and let Kfs resolve
+    /// them, to measure what the addresses save.
+    pub collaborative: bool,
+    /// Bits cleared from the mode of everything created (like a process's
+    /// umask). By default, the process's umask when the handle is opened.
+    pub umask: u32,
+    /// How the Kfs thread polls.
+    pub server: ServerConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            collaborative: true,
+            umask: process_umask(),
+            server: ServerConfig::default(),
+        }
+    }
+}
+
+/// The process's umask, read without changing it.
+fn process_umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .unwrap_or(0o022)
+}
+
+fn err(e: Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.0)
+}
+
+fn common_err(e: kucofs_common::Error) -> io::Error {
+    io::Error::new(
+        io::Error::from_raw_os_error(e.errno()).kind(),
+        e.to_string(),
+    )
+}
+
+fn kfs_err(e: kucofs_kfs::Error) -> io::Error {
+    io::Error::new(
+        io::Error::from_raw_os_error(e.errno()).kind(),
+        e.to_string(),
+    )
+}
+
+static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What every handle on one open file system shares.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    id: u64,
+    index: ShmView,
+    _region: RegionView,
+    segment: Segment,
+    doorbell: Doorbell,
+    free_slots: Mutex<Vec<usize>>,
+    kfs: Mutex<Option<Kfs>>,
+    config: Config,
+    creds: Creds,
+    geometry: Geometry,
+}
+
+/// A thread's claim on a request slot; returned when the thread exits.
+struct Lease {
+    fs: u64,
+    slot: usize,
+    owner: Weak<Inner>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(fs) = self.owner.upgrade() {
+            fs.free_slots.lock().push(self.slot);
+        }
+    }
+}
+
+thread_local! {
+    static LEASES: RefCell<Vec<Lease>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Inner {
+    /// This thread's slot, claimed on first use.
+    fn slot(self: &Arc<Self>) -> io::Result<usize> {
+        LEASES.with(|l| {
+            let mut leases = l.borrow_mut();
+            if let Some(lease) = leases.iter().find(|x| x.fs == self.id) {
+                return Ok(lease.slot);
+            }
+            leases.retain(|x| x.owner.strong_count() > 0);
+            let slot = self.free_slots.lock().pop().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    format!("all {SLOTS} request slots are taken by other threads"),
+                )
+            })?;
+            leases.push(Lease {
+                fs: self.id,
+                slot,
+                owner: Arc::downgrade(self),
+            });
+            Ok(slot)
+        })
+    }
+
+    /// Runs `f` on the index inside a reader epoch, so that nothing it
+    /// reaches is reused before it returns.
+    pub(crate) fn with_index<R>(
+        self: &Arc<Self>,
+        f: impl FnOnce(IndexReader<'_, ShmView>) -> R,
+    ) -> io::Result<R> {
+        let slot = self.slot()?;
+        let r = IndexReader::new(&self.index);
+        self.segment.pin(slot, || r.epoch());
+        let out = f(r);
+        self.segment.unpin(slot);
+        Ok(out)
+    }
+
+    fn call(self: &Arc<Self>, req: &Request<'_>) -> io::Result<Reply> {
+        let slot = self.slot()?;
+        self.segment
+            .call(slot, &self.doorbell, req)
+            .and_then(Reply::result)
+            .map_err(err)
+    }
+
+    /// The addresses a change of `path` will need, found by resolving its
+    /// parent and searching it (collaborative indexing).
+    fn hint(&self, r: &IndexReader<'_, ShmView>, path: &[u8]) -> Option<Hint> {
+        if !self.config.collaborative {
+            return None;
+        }
+        let p = r.resolve_parent(path).ok()?;
+        let Last::Name(name) = p.last else {
+            return None;
+        };
+        if name.len() > NAME_MAX {
+            return None;
+        }
+        let s = r.search(p.dir, name_hash(name), name);
+        let head = r.dir_head(p.dir);
+        // Levels above the highest non-head predecessor all start at the
+        // head, which Kfs fills in itself.
+        let npreds = s
+            .preds
+            .iter()
+            .rposition(|&x| x != head)
+            .map_or(1, |i| i + 1);
+        Some(Hint {
+            dir: p.dir,
+            dir_gen: header_gen(r.header(p.dir)),
+            npreds: npreds.min(MAX_HEIGHT) as u32,
+            preds: s.preds,
+            found: s.found,
+            found_gen: if s.found != 0 {
+                header_gen(r.header(s.found))
+            } else {
+                0
+            },
+        })
+    }
+}
+
+fn bytes(p: &Path) -> &[u8] {
+    p.as_os_str().as_bytes()
+}
+
+/// An open KucoFS file system.
+///
+/// `Fs` is `Send + Sync`: share it between threads by reference (or in an
+/// `Arc`). Each thread that uses it gets its own request slot. Dropping it
+/// closes the file system cleanly; [`Fs::close`] does the same and reports
+/// errors.
+#[derive(Debug)]
+pub struct Fs {
+    inner: Arc<Inner>,
+}
+
+impl Fs {
+    /// Makes a new file system of `size` bytes in `image` (which must not
+    /// exist yet) and opens it.
+    pub fn create(image: impl AsRef<Path>, size: u64) -> io::Result<Fs> {
+        kucofs_kfs::mkfs(image.as_ref(), size, false).map_err(kfs_err)?;
+        Fs::open(image)
+    }
+
+    /// Opens the file system in `image`, recovering it if it was not closed
+    /// cleanly, with Kfs running inside this process.
+    pub fn open(image: impl AsRef<Path>) -> io::Result<Fs> {
+        Fs::open_with(image, Config::default())
+    }
+
+    /// [`Fs::open`] with a chosen configuration.
+    pub fn open_with(image: impl AsRef<Path>, config: Config) -> io::Result<Fs> {
+        let volume = Volume::open(image.as_ref()).map_err(kfs_err)?;
+        let index = volume.namespace().shm().view().map_err(common_err)?;
+        let region = volume.image().region().view().map_err(common_err)?;
+        let geometry = volume.image().superblock().geometry;
+        let segment = Segment::create().map_err(common_err)?;
+        let doorbell = Doorbell::create().map_err(common_err)?;
+        let creds = Creds {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        };
+        let kfs = Kfs::start(volume, &doorbell, config.server).map_err(kfs_err)?;
+        kfs.attach(Client {
+            segment: segment.map_again().map_err(common_err)?,
+            creds,
+        });
+        Ok(Fs {
+            inner: Arc::new(Inner {
+                id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
+                index,
+                _region: region,
+                segment,
+                doorbell,
+                free_slots: Mutex::new((0..SLOTS).rev().collect()),
+                kfs: Mutex::new(Some(kfs)),
+                config,
+                creds,
+                geometry,
+            }),
+        })
+    }
+
+    /// Closes the file system: Kfs finishes, checkpoints, and marks the
+    /// image clean.
+    pub fn close(self) -> io::Result<()> {
+        let kfs = self.inner.kfs.lock().take();
+        match kfs {
+            Some(k) => k.shutdown().map_err(kfs_err),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops as a crash would: no checkpoint, no clean flag; the next open
+    /// recovers from the log. For crash tests.
+    pub fn simulate_crash(self) {
+        if let Some(k) = self.inner.kfs.lock().take() {
+            k.crash();
+        }
+    }
+
+    /// Kfs's counters (requests served, mean service time per type).
+    pub fn kfs_stats(&self) -> Option<StatsSnapshot> {
+        self.inner.kfs.lock().as_ref().map(|k| k.stats())
+    }
+
+    /// The configuration this handle was opened with.
+    pub fn config(&self) -> Config {
+        self.inner.config
+    }
+
+    fn change<'p>(
+        &self,
+        path: &'p [u8],
+        make: impl FnOnce(Option<Hint>) -> Request<'p>,
+    ) -> io::Result<Reply> {
+        let hint = if self.inner.config.collaborative {
+            self.inner.with_index(|r| self.inner.hint(&r, path))?
+        } else {
+            None
+        };
+        self.inner.call(&make(hint))
+    }
+
+    fn create_node(&self, path: &Path, mode: u32, target: &[u8]) -> io::Result<Reply> {
+        let p = bytes(path);
+        self.change(p, |hint| Request::Create {
+            path: p,
+            mode,
+            target,
+            hint,
+        })
+    }
+
+    /// Creates an empty regular file; fails with `AlreadyExists` if the
+    /// name exists (like `OpenOptions::create_new`).
+    pub fn create_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let mode = libc::S_IFREG | (0o666 & !self.inner.config.umask);
+        self.create_node(path.as_ref(), mode, b"").map(drop)
+    }
+
+    /// Creates a directory.
+    pub fn create_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let mode = libc::S_IFDIR | (0o777 & !self.inner.config.umask);
+        self.create_node(path.as_ref(), mode, b"").map(drop)
+    }
+
+    /// Creates a directory and any missing parents.
+    pub fn create_dir_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let path = path.as_ref();
+        let mut so_far = PathBuf::new();
+        for c in path.components() {
+            so_far.push(c);
+            if matches!(
+                c,
+                std::path::Component::RootDir | std::path::Component::CurDir
+            ) {
+                continue;
+            }
+            match self.create_dir(&so_far) {
+                Ok(()) => {}
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EEXIST)
+                        && self.metadata(&so_far)?.is_dir() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a file or symlink.
+    pub fn remove_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let p = bytes(path.as_ref());
+        self.change(p, |hint| Request::Unlink {
+            path: p,
+            rmdir: false,
+            hint,
+        })
+        .map(drop)
+    }
+
+    /// Removes an empty directory.
+    pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let p = bytes(path.as_ref());
+        self.change(p, |hint| Request::Unlink {
+            path: p,
+            rmdir: true,
+            hint,
+        })
+        .map(drop)
+    }
+
+    /// Removes a directory and everything in it (not following symlinks).
+    pub fn remove_dir_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let path = path.as_ref();
+        for entry in self.read_dir(path)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                self.remove_dir_all(entry.path())?;
+            } else {
+                self.remove_file(entry.path())?;
+            }
+        }
+        self.remove_dir(path)
+    }
+
+    fn rename_inner(&self, from: &Path, to: &Path, noreplace: bool) -> io::Result<()> {
+        let (f, t) = (bytes(from), bytes(to));
+        let (hint_from, hint_to) = if self.inner.config.collaborative {
+            self.inner
+                .with_index(|r| (self.inner.hint(&r, f), self.inner.hint(&r, t)))?
+        } else {
+            (None, None)
+        };
+        self.inner
+            .call(&Request::Rename {
+                from: f,
+                to: t,
+                noreplace,
+                hint_from,
+                hint_to,
+            })
+            .map(drop)
+    }
+
+    /// Renames `from` to `to`, replacing `to` if it exists (POSIX rules).
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        self.rename_inner(from.as_ref(), to.as_ref(), false)
+    }
+
+    /// Renames `from` to `to`, failing with `AlreadyExists` if `to` exists
+    /// (`RENAME_NOREPLACE`).
+    pub fn rename_noreplace(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        self.rename_inner(from.as_ref(), to.as_ref(), true)
+    }
+
+    /// Makes `link` a new name for what `original` names.
+    pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
+        let (o, l) = (bytes(original.as_ref()), bytes(link.as_ref()));
+        self.change(l, |hint| Request::Link {
+            from: o,
+            to: l,
+            hint,
+        })
+        .map(drop)
+    }
+
+    /// Makes `link` a symbolic link to `original`.
+    pub fn symlink(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
+        self.create_node(
+            link.as_ref(),
+            libc::S_IFLNK | 0o777,
+            bytes(original.as_ref()),
+        )
+        .map(drop)
+    }
+
+    /// The target of a symbolic link.
+    pub fn read_link(&self, path: impl AsRef<Path>) -> io::Result<PathBuf> {
+        let p = bytes(path.as_ref());
+        let target = self.inner.with_index(|r| {
+            let inode = r.resolve(p, false)?;
+            r.readlink(inode).ok_or(Errno::EINVAL)
+        })?;
+        let target = target.map_err(err)?;
+        Ok(PathBuf::from(
+            <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(target),
+        ))
+    }
+
+    fn stat(&self, path: &Path, follow: bool) -> io::Result<Metadata> {
+        let p = bytes(path);
+        self.inner
+            .with_index(|r| {
+                r.resolve(p, follow)
+                    .and_then(|i| r.attr(i).ok_or(Errno::ENOENT))
+            })?
+            .map(Metadata)
+            .map_err(err)
+    }
+
+    /// Metadata of what `path` names, following symlinks.
+    pub fn metadata(&self, path: impl AsRef<Path>) -> io::Result<Metadata> {
+        self.stat(path.as_ref(), true)
+    }
+
+    /// Metadata of `path` itself, not following a final symlink.
+    pub fn symlink_metadata(&self, path: impl AsRef<Path>) -> io::Result<Metadata> {
+        self.stat(path.as_ref(), false)
+    }
+
+    /// True if `path` names something (following symlinks).
+    pub fn exists(&self, path: impl AsRef<Path>) -> bool {
+        self.metadata(path).is_ok()
+    }
+
+    /// Lists a directory.
+    pub fn read_dir(&self, path: impl AsRef<Path>) -> io::Result<ReadDir> {
+        let path = path.as_ref();
+        let p = bytes(path);
+        let (dir, gen) = self
+            .inner
+            .with_index(|r| {
+                let d = r.resolve(p, true)?;
+                if r.kind(d) != Some(Kind::Dir) {
+                    return Err(Errno::ENOTDIR);
+                }
+                Ok((d, header_gen(r.header(d))))
+            })?
+            .map_err(err)?;
+        Ok(ReadDir {
+            fs: self.inner.clone(),
+            path: path.to_path_buf(),
+            dir,
+            gen,
+            after: None,
+            buf: VecDeque::new(),
+            done: false,
+        })
+    }
+
+    fn set_attr(&self, path: &Path, follow: bool, attrs: SetAttrs) -> io::Result<()> {
+        self.inner
+            .call(&Request::SetAttr {
+                path: bytes(path),
+                follow,
+                attrs,
+            })
+            .map(drop)
+    }
+
+    /// Changes permission bits (following symlinks).
+    pub fn set_permissions(&self, path: impl AsRef<Path>, perm: Permissions) -> io::Result<()> {
+        self.set_attr(
+            path.as_ref(),
+            true,
+            SetAttrs {
+                mode: Some(perm.mode()),
+                ..SetAttrs::default()
+            },
+        )
+    }
+
+    /// Changes owner and/or group (following symlinks), like
+    /// `std::os::unix::fs::chown`.
+    pub fn chown(
+        &self,
+        path: impl AsRef<Path>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> io::Result<()> {
+        self.set_attr(
+            path.as_ref(),
+            true,
+            SetAttrs {
+                uid,
+                gid,
+                ..SetAttrs::default()
+            },
+        )
+    }
+
+    /// Changes owner and/or group of a symlink itself.
+    pub fn lchown(
+        &self,
+        path: impl AsRef<Path>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> io::Result<()> {
+        self.set_attr(
+            path.as_ref(),
+            false,
+            SetAttrs {
+                uid,
+                gid,
+                ..SetAttrs::default()
+            },
+        )
+    }
+
+    /// Sets access and/or modification time (following symlinks).
+    pub fn set_times(
+        &self,
+        path: impl AsRef<Path>,
+        accessed: Option<SystemTime>,
+        modified: Option<SystemTime>,
+    ) -> io::Result<()> {
+        let ns = |t: SystemTime| -> io::Result<i64> {
+            match t.duration_since(UNIX_EPOCH) {
+                Ok(d) => i64::try_from(d.as_nanos()).map_err(|_| err(Errno::EOVERFLOW)),
+                Err(e) => i64::try_from(e.duration().as_nanos())
+                    .map(|v| -v)
+                    .map_err(|_| err(Errno::EOVERFLOW)),
+            }
+        };
+        self.set_attr(
+            path.as_ref(),
+            true,
+            SetAttrs {
+                atime: accessed.map(ns).transpose()?,
+                mtime: modified.map(ns).transpose()?,
+                ..SetAttrs::default()
+            },
+        )
+    }
+
+    /// File-system statistics.
+    pub fn statfs(&self) -> io::Result<StatFs> {
+        let g = self.inner.geometry;
+        let inodes = self.inner.with_index(|r| r.inode_count())?;
+        // Each file costs about this much in a checkpoint (inode record,
+        // entry record with a short name): the slot bounds the file count.
+        let per_file = 128;
+        let files = (g.ckpt_slot_pages * kucofs_common::format::PAGE_SIZE
+            - CHECKPOINT_HEADER_SIZE as u64)
+            / per_file;
+        Ok(StatFs {
+            block_size: kucofs_common::format::PAGE_SIZE,
+            blocks: g.data.pages,
+            blocks_free: g.data.pages,
+            files,
+            files_free: files.saturating_sub(inodes),
+            name_max: NAME_MAX as u64,
+        })
+    }
+
+    /// The credentials changes are made with.
+    pub fn creds(&self) -> (u32, u32) {
+        (self.inner.creds.uid, self.inner.creds.gid)
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        if let Some(k) = self.inner.kfs.lock().take() {
+            let _ = k.shutdown();
+        }
+    }
+}
