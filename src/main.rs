@@ -1,5 +1,4 @@
-//! `kucofs`: make, inspect (and, as the file system grows, mount, serve and
-//! check) KucoFS images.
+//! `kucofs`: make, inspect and check KucoFS images.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +36,11 @@ enum Command {
         /// The image to inspect.
         image: PathBuf,
     },
+    /// Check every invariant of an image (read-only); exits non-zero listing what is wrong.
+    Fsck {
+        /// The image to check.
+        image: PathBuf,
+    },
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -57,6 +61,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Info { image } => {
             let report = kucofs_kfs::inspect(&image).context("info")?;
             print!("{report}");
+        }
+        Command::Fsck { image } => {
+            let report = kucofs_kfs::fsck(&image).context("fsck")?;
+            print!("{report}");
+            if !report.problems.is_empty() {
+                anyhow::bail!(
+                    "fsck: {} has {} problems (listed above)",
+                    image.display(),
+                    report.problems.len()
+                );
+            }
         }
     }
     Ok(())

@@ -111,3 +111,26 @@ fn info_refusals_are_one_sentence() {
         .unwrap();
     assert_refused(&kucofs(&["info", p(&img)]), "truncated");
 }
+
+#[test]
+fn fsck_passes_a_fresh_image_and_lists_damage() {
+    let dir = shm_dir();
+    let img = dir.path().join("f.img");
+    assert!(kucofs(&["mkfs", p(&img), "--size", "8M"]).status.success());
+    let o = kucofs(&["fsck", p(&img)]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(stdout(&o).contains("clean"), "{}", stdout(&o));
+    // Mark a data page used that no file owns, and damage superblock copy B.
+    let report = kucofs_kfs::inspect(&img).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&[1], report.superblock.geometry.bitmap.offset())
+        .unwrap();
+    f.write_all_at(&[0xee], 4096 + 100).unwrap();
+    let o = kucofs(&["fsck", p(&img)]);
+    assert!(!o.status.success());
+    let out = stdout(&o);
+    assert!(out.contains("superblock copy B is damaged"), "{out}");
+    assert!(out.contains("marks 1 data pages in use"), "{out}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("2 problems"));
+}

@@ -9,7 +9,9 @@
 //! `fxbench run --help` all read that table.
 
 pub mod dir;
+pub mod kucofs;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::Path;
@@ -17,6 +19,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 pub use dir::DirBackend;
+pub use kucofs::KucofsBackend;
 
 /// A file system under test. Paths are relative to the backend's root; the
 /// backend joins them. Every method is one file-system operation, so a
@@ -37,6 +40,38 @@ pub trait Backend: fmt::Debug + Send + Sync {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Removes a directory and everything below it.
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Counters of the backend's server, if it has one (KucoFS's Kfs):
+    /// read before and after a run to report the server's share.
+    fn server_counters(&self) -> Option<ServerCounters> {
+        None
+    }
+}
+
+/// A server's cumulative counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerCounters {
+    /// Time spent serving requests, in ns.
+    pub busy_ns: u64,
+    /// Per request type: (requests, total service time in ns).
+    pub per_op: BTreeMap<String, (u64, u64)>,
+}
+
+impl ServerCounters {
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &ServerCounters) -> ServerCounters {
+        ServerCounters {
+            busy_ns: self.busy_ns - before.busy_ns,
+            per_op: self
+                .per_op
+                .iter()
+                .map(|(k, &(n, ns))| {
+                    let (n0, ns0) = before.per_op.get(k).copied().unwrap_or_default();
+                    (k.clone(), (n - n0, ns - ns0))
+                })
+                .filter(|(_, (n, _))| *n > 0)
+                .collect(),
+        }
+    }
 }
 
 /// One kind of backend the spec parser knows.
@@ -53,12 +88,20 @@ pub struct Kind {
 }
 
 /// Every backend kind, in the order they are listed to the user.
-pub const KINDS: &[Kind] = &[Kind {
-    name: "dir",
-    usage: "dir:PATH",
-    about: "an existing directory, through the kernel's file system",
-    open: DirBackend::open_boxed,
-}];
+pub const KINDS: &[Kind] = &[
+    Kind {
+        name: "dir",
+        usage: "dir:PATH",
+        about: "an existing directory, through the kernel's file system",
+        open: DirBackend::open_boxed,
+    },
+    Kind {
+        name: "kucofs",
+        usage: "kucofs[:nohints,size=SIZE,image=PATH]",
+        about: "KucoFS with Kfs embedded, on a fresh image under /dev/shm",
+        open: KucofsBackend::open_boxed,
+    },
+];
 
 /// Opens the backend a spec names, e.g. `dir:/dev/shm/fxb`.
 pub fn open(spec: &str) -> Result<Box<dyn Backend>> {

@@ -5,6 +5,8 @@ use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -31,6 +33,20 @@ pub struct Row {
     /// workload and thread count; `None` if that one is missing or did
     /// nothing.
     pub ratio_to_first: Option<f64>,
+    /// The backend server's work over the run (setup included), per request
+    /// type, if it has a server (KucoFS's Kfs).
+    pub server: Option<BTreeMap<String, ServerOp>>,
+    /// Share of the run's wall time the server spent serving requests.
+    pub server_busy: Option<f64>,
+}
+
+/// One request type's figures at the server.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServerOp {
+    /// Requests served.
+    pub requests: u64,
+    /// Mean service time per request (Kfs's `L`), in ns.
+    pub mean_ns: f64,
 }
 
 impl Report {
@@ -55,6 +71,23 @@ impl Report {
                     seconds: m.seconds,
                     ops_per_sec: m.ops_per_sec(),
                     ratio_to_first,
+                    server: m.server.as_ref().map(|c| {
+                        c.per_op
+                            .iter()
+                            .map(|(k, &(n, ns))| {
+                                let op = ServerOp {
+                                    requests: n,
+                                    mean_ns: ns as f64 / n.max(1) as f64,
+                                };
+                                (k.clone(), op)
+                            })
+                            .collect()
+                    }),
+                    server_busy: m
+                        .server
+                        .as_ref()
+                        .filter(|_| m.seconds > 0.0)
+                        .map(|c| c.busy_ns as f64 / 1e9 / m.seconds),
                 }
             })
             .collect();
@@ -67,10 +100,16 @@ impl Report {
     /// The results as an aligned text table with a header line.
     pub fn table(&self) -> String {
         let header = [
-            "workload", "backend", "threads", "ops", "seconds", "ops/s", "ratio",
+            "workload", "backend", "threads", "ops", "seconds", "ops/s", "ratio", "server L",
         ]
         .map(str::to_owned);
-        let cells: Vec<[String; 7]> = std::iter::once(header)
+        // The server column only when some backend has a server.
+        let columns = if self.results.iter().any(|r| r.server.is_some()) {
+            8
+        } else {
+            7
+        };
+        let cells: Vec<Vec<String>> = std::iter::once(header)
             .chain(self.results.iter().map(|r| {
                 [
                     r.workload.clone(),
@@ -81,10 +120,17 @@ impl Report {
                     format!("{:.0}", r.ops_per_sec),
                     r.ratio_to_first
                         .map_or_else(|| "-".to_owned(), |x| format!("{x:.2}")),
+                    // The server's most frequent request and its mean
+                    // service time.
+                    r.server
+                        .as_ref()
+                        .and_then(|s| s.iter().max_by_key(|(_, o)| o.requests))
+                        .map_or_else(String::new, |(k, o)| format!("{k} {:.0} ns", o.mean_ns)),
                 ]
             }))
+            .map(|row| row.into_iter().take(columns).collect())
             .collect();
-        let mut widths = [0; 7];
+        let mut widths = vec![0; columns];
         for row in &cells {
             for (w, cell) in widths.iter_mut().zip(row) {
                 *w = (*w).max(cell.len());
@@ -93,7 +139,7 @@ impl Report {
         let mut out = String::new();
         for row in &cells {
             let mut line = String::new();
-            for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            for (i, (cell, &w)) in row.iter().zip(&widths).enumerate() {
                 // Names read left to right; numbers line up on the right.
                 let text = if i < 2 {
                     format!("{cell:<w$}")
@@ -162,6 +208,7 @@ mod tests {
             threads,
             ops,
             seconds: 2.0,
+            server: None,
         }
     }
 

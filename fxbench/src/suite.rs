@@ -31,6 +31,9 @@ pub struct Measurement {
     pub ops: u64,
     /// Wall time of the timed phase.
     pub seconds: f64,
+    /// The backend's server counters over the run (setup included), if it
+    /// has a server.
+    pub server: Option<crate::backend::ServerCounters>,
 }
 
 impl Measurement {
@@ -105,7 +108,12 @@ pub fn run_one(
         }
         _ => {}
     }
+    let before = fs.server_counters();
     let outcome = setup_and_run(fs, workload, &dir, threads, budget);
+    let server = fs
+        .server_counters()
+        .zip(before)
+        .map(|(after, before)| after.since(&before));
     let cleanup = fs
         .remove_dir_all(&dir)
         .map_err(|e| OpFailure::new("remove", &dir, e));
@@ -116,6 +124,7 @@ pub fn run_one(
         threads,
         ops: outcome.ops,
         seconds: outcome.elapsed.as_secs_f64(),
+        server,
     })
 }
 

@@ -141,7 +141,12 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
                         } else {
                             cur
                         };
-                        self.walk(base, &target, true, links)?
+                        let inode = self.walk(base, &target, true, links)?;
+                        // A target ending in "/" names a directory or nothing.
+                        if target.ends_with(b"/") && self.kind(inode) != Some(Kind::Dir) {
+                            return Err(Errno::ENOTDIR);
+                        }
+                        inode
                     } else {
                         inode
                     }

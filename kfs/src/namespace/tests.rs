@@ -482,3 +482,65 @@ fn replaying_records_twice_changes_nothing_the_second_time() {
     let r = b.reader();
     assert_eq!(r.attr(r.resolve(b"d/h", true).unwrap()).unwrap().nlink, 1);
 }
+
+#[test]
+fn requests_whose_every_address_is_stale_still_do_the_right_thing() {
+    let mut ns = ns();
+    mkdir(&mut ns, "d").unwrap();
+    for i in 0..300 {
+        create(&mut ns, &format!("d/f{i}")).unwrap();
+    }
+    // Addresses for unlinking every file, taken now...
+    let hints: Vec<Hint> = (0..300)
+        .map(|i| hint_for(&ns, &format!("d/f{i}")))
+        .collect();
+    // ...made stale: every entry is replaced by a new one of the same name,
+    // and every old item is reclaimed.
+    for i in 0..300 {
+        unlink(&mut ns, &format!("d/f{i}"), false).unwrap();
+        create(&mut ns, &format!("d/f{i}")).unwrap();
+    }
+    ns.reclaim(std::iter::empty()).unwrap();
+    let stale_before = ns.hint_stats().stale;
+    for (i, h) in hints.iter().enumerate() {
+        let path = format!("d/f{i}");
+        let req = Request::Unlink {
+            path: path.as_bytes(),
+            rmdir: false,
+            hint: Some(*h),
+        };
+        ns.execute(&req, ME).unwrap();
+        assert_eq!(
+            ns.reader().resolve(path.as_bytes(), true),
+            Err(Errno::ENOENT)
+        );
+    }
+    assert_eq!(ns.hint_stats().stale, stale_before + 300);
+    assert!(names(&ns, "d").is_empty());
+    // And creates with insertion points taken before 300 other inserts.
+    let hints: Vec<Hint> = (0..300)
+        .map(|i| hint_for(&ns, &format!("d/g{i}")))
+        .collect();
+    for i in 0..300 {
+        create(&mut ns, &format!("d/x{i}")).unwrap();
+    }
+    for (i, h) in hints.iter().enumerate() {
+        let path = format!("d/g{i}");
+        let req = Request::Create {
+            path: path.as_bytes(),
+            mode: libc::S_IFREG | 0o600,
+            target: b"",
+            hint: Some(*h),
+        };
+        ns.execute(&req, ME).unwrap();
+    }
+    let listed = names(&ns, "d");
+    assert_eq!(listed.len(), 600);
+    let r = ns.reader();
+    let d = r.resolve(b"d", true).unwrap();
+    let mut es = Vec::new();
+    r.read_dir(d, None, usize::MAX, &mut es);
+    assert!(es
+        .windows(2)
+        .all(|w| (w[0].hash, &w[0].name) < (w[1].hash, &w[1].name)));
+}

@@ -1,0 +1,113 @@
+//! Many threads changing one directory at once. Each thread owns a set of
+//! names, so its own results are predictable and checked one by one; all
+//! threads also fight over a few shared names, whose successful creates and
+//! unlinks must alternate. The final tree must be exactly what the results
+//! say, survive a reopen, and pass fsck.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Mutex;
+
+use kucofs_ulib::Fs;
+
+const THREADS: usize = 4;
+const OPS: usize = 3000;
+const SHARED: usize = 8;
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+#[test]
+fn four_threads_create_rename_and_unlink_in_one_directory() {
+    let dir = tempfile::Builder::new()
+        .prefix("kucofs-conc-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let image = dir.path().join("img");
+    let fs = Fs::create(&image, 64 << 20).unwrap();
+    fs.create_dir("d").unwrap();
+    // Per shared name: (successful creates, successful unlinks).
+    let shared = Mutex::new(vec![(0u32, 0u32); SHARED]);
+    let owned: Vec<BTreeSet<String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (fs, shared) = (&fs, &shared);
+                s.spawn(move || {
+                    let mut mine = BTreeSet::new();
+                    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                    for _ in 0..OPS {
+                        let r = xorshift(&mut rng);
+                        let a = format!("t{t}-{}", r % 50);
+                        let b = format!("t{t}-{}", (r >> 8) % 50);
+                        let pa = format!("d/{a}");
+                        match (r >> 16) % 5 {
+                            0 | 1 => {
+                                let res = fs.create_file(&pa);
+                                assert_eq!(
+                                    res.is_ok(),
+                                    mine.insert(a.clone()),
+                                    "create {pa}: {res:?}"
+                                );
+                            }
+                            2 => {
+                                let res = fs.remove_file(&pa);
+                                assert_eq!(res.is_ok(), mine.remove(&a), "unlink {pa}: {res:?}");
+                            }
+                            3 => {
+                                let res = fs.rename(&pa, format!("d/{b}"));
+                                assert_eq!(res.is_ok(), mine.contains(&a), "rename {pa}: {res:?}");
+                                if res.is_ok() && a != b {
+                                    mine.remove(&a);
+                                    mine.insert(b);
+                                }
+                            }
+                            _ => {
+                                let k = ((r >> 24) % SHARED as u64) as usize;
+                                let p = format!("d/s-{k}");
+                                if (r >> 32) & 1 == 0 {
+                                    if fs.create_file(&p).is_ok() {
+                                        shared.lock().unwrap()[k].0 += 1;
+                                    }
+                                } else if fs.remove_file(&p).is_ok() {
+                                    shared.lock().unwrap()[k].1 += 1;
+                                }
+                            }
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut expected: BTreeSet<String> = owned.into_iter().flatten().collect();
+    for (k, &(c, u)) in shared.lock().unwrap().iter().enumerate() {
+        assert!(
+            c == u || c == u + 1,
+            "s-{k}: {c} creates but {u} unlinks succeeded"
+        );
+        if c == u + 1 {
+            expected.insert(format!("s-{k}"));
+        }
+    }
+    let listed = |fs: &Fs| -> BTreeSet<String> {
+        fs.read_dir("d")
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
+    };
+    assert_eq!(listed(&fs), expected);
+    assert_eq!(fs.metadata("d").unwrap().nlink(), 2);
+    let stats = fs.kfs_stats().unwrap();
+    eprintln!("{stats}");
+    fs.close().unwrap();
+    let fs = Fs::open(&image).unwrap();
+    assert_eq!(listed(&fs), expected);
+    fs.close().unwrap();
+    let report = kucofs_kfs::fsck(Path::new(&image)).unwrap();
+    assert!(report.problems.is_empty(), "{report}");
+}
