@@ -44,10 +44,11 @@ pub const MIN_IMAGE_SIZE: u64 = 1 << 20;
 pub const MAX_IMAGE_SIZE: u64 = 1 << 50;
 /// Fewest data pages a geometry may leave.
 pub const MIN_DATA_PAGES: u64 = 16;
-/// Log size bounds, in pages: 64 KiB to 64 MiB.
+/// Log size bounds, in pages: 64 KiB to 1 GiB. A larger log means rarer
+/// checkpoints (each serializes the whole namespace) and longer replay.
 pub const LOG_PAGES_MIN: u64 = 16;
 /// See [`LOG_PAGES_MIN`].
-pub const LOG_PAGES_MAX: u64 = 16 * 1024;
+pub const LOG_PAGES_MAX: u64 = 256 * 1024;
 /// Smallest checkpoint slot, in pages.
 pub const CKPT_SLOT_PAGES_MIN: u64 = 16;
 
@@ -132,7 +133,7 @@ impl fmt::Display for GeometryError {
 
 impl Geometry {
     /// The geometry mkfs lays out for an image of `size` bytes (rounded down
-    /// to whole pages): the log takes 1/32 of the pages (64 KiB to 64 MiB),
+    /// to whole pages): the log takes 1/16 of the pages (64 KiB to 1 GiB),
     /// each checkpoint slot 1/16, the bitmap what the data pages need.
     pub fn for_size(size: u64) -> Result<Geometry, GeometryError> {
         if size < MIN_IMAGE_SIZE {
@@ -148,7 +149,7 @@ impl Geometry {
             });
         }
         let pages = size / PAGE_SIZE;
-        let log_pages = (pages / 32).clamp(LOG_PAGES_MIN, LOG_PAGES_MAX);
+        let log_pages = (pages / 16).clamp(LOG_PAGES_MIN, LOG_PAGES_MAX);
         let slot = (pages / 16).max(CKPT_SLOT_PAGES_MIN);
         let fixed = SUPERBLOCK_PAGES + log_pages + 2 * slot;
         let rest = pages.checked_sub(fixed).ok_or(GeometryError::TooSmall {

@@ -418,6 +418,8 @@ impl Namespace {
         let ino = r.ino(inode);
         let kind = r.kind(inode).ok_or(Errno::EIO)?;
         let next: Vec<u64> = (0..height).map(|i| r.next(preds[i], i)).collect();
+        let head = r.dir_head(dir);
+        let levels = r.levels(head);
         let a = &mut self.arena;
         let node = a.alloc(TAG_DIRENT, dirent_size(height, name.len()))?;
         a.put(node + D_HASH, name_hash(name))?;
@@ -436,6 +438,9 @@ impl Namespace {
         // (Release store; readers Acquire `next`), it is fully written.
         for (i, p) in preds.iter().enumerate().take(height) {
             a.put(p + D_NEXT + 8 * i as u64, node)?;
+        }
+        if levels < height {
+            a.put(head + H_LEVELS, height as u64)?;
         }
         Ok(node)
     }

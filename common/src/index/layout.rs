@@ -126,6 +126,10 @@ pub const D_DIR: u64 = 32;
 pub const D_SHAPE: u64 = 40;
 /// First forward link.
 pub const D_NEXT: u64 = 48;
+/// In a list head (instead of a hash): how many levels are in use. Only
+/// grows; a reader that sees an older value searches from a lower level,
+/// which is slower but still finds everything.
+pub const H_LEVELS: u64 = D_HASH;
 /// Highest skip-list level + 1.
 pub const MAX_HEIGHT: usize = 20;
 

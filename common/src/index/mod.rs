@@ -30,11 +30,22 @@ pub const PATH_MAX: usize = 4096;
 /// that readdir cookies 0 ("start"), 1 (".") and 2 ("..") stay free. Entries
 /// are ordered by (hash, name), so equal hashes are still distinct keys.
 pub fn name_hash(name: &[u8]) -> u64 {
-    // FNV-1a, then a splitmix64 finaliser to spread the bits.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in name {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    // Eight bytes at a time through a multiply-rotate mix, then the
+    // splitmix64 finaliser; the length goes in too, so that names that
+    // differ only by trailing zero bytes still differ.
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ (name.len() as u64).wrapping_mul(K);
+    let mut chunks = name.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(K).rotate_left(29);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(K).rotate_left(29);
     }
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -318,17 +318,29 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     }
 
     /// Compares a dirent's key with (`hash`, `name`).
+    #[inline]
     pub fn cmp_key(&self, node: u64, hash: u64, name: &[u8]) -> Cmp {
-        let h = self
-            .mem
-            .load_u64(node.wrapping_add(D_HASH), Ordering::Relaxed);
+        let h = self.mem.load_u64(node.wrapping_add(D_HASH), Ordering::Relaxed);
         match h.cmp(&hash) {
-            Cmp::Equal => {
-                let mut buf = [0u8; NAME_MAX];
-                let n = self.name_into(node, &mut buf);
-                buf[..n].cmp(name)
-            }
+            Cmp::Equal => self.cmp_name(node, name),
             other => other,
+        }
+    }
+
+    /// Compares a dirent's name with `name` (same hash: almost always the
+    /// same name), in place.
+    fn cmp_name(&self, node: u64, name: &[u8]) -> Cmp {
+        let shape = self.mem.load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed);
+        let len = ((shape & 0xffff) as usize).min(NAME_MAX);
+        let height = ((shape >> 16) & 0xff) as usize;
+        let common = len.min(name.len());
+        match self
+            .mem
+            .cmp_bytes(node.wrapping_add(dirent_name(height)), &name[..common])
+        {
+            Some(Cmp::Equal) => len.cmp(&name.len()),
+            Some(other) => other,
+            None => Cmp::Less,
         }
     }
 
@@ -336,6 +348,11 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     pub fn dir_head(&self, dir: u64) -> u64 {
         self.mem
             .load_u64(dir.wrapping_add(I_DATA), Ordering::Acquire)
+    }
+
+    /// Levels in use in the list starting at `head`.
+    pub fn levels(&self, head: u64) -> usize {
+        (self.mem.load_u64(head.wrapping_add(H_LEVELS), Ordering::Acquire) as usize).clamp(1, MAX_HEIGHT)
     }
 
     /// Searches directory `dir` for the key (`hash`, `name`).
@@ -348,20 +365,43 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         if head == 0 {
             return s;
         }
+        let top = self.levels(head);
+        s.preds[top..].fill(head);
         let mut x = head;
-        for level in (0..MAX_HEIGHT).rev() {
+        // The last node found not below the key: when a lower level leads
+        // to it again, no comparison is needed.
+        let mut known_not_less = 0;
+        let mut found = 0;
+        for level in (0..top).rev() {
             loop {
                 let nx = self.next(x, level);
-                if nx == 0 || self.cmp_key(nx, hash, name) != Cmp::Less {
+                if nx == 0 || nx == known_not_less {
                     break;
                 }
-                x = nx;
+                match self.cmp_key(nx, hash, name) {
+                    Cmp::Less => x = nx,
+                    Cmp::Equal => {
+                        found = nx;
+                        known_not_less = nx;
+                        break;
+                    }
+                    Cmp::Greater => {
+                        known_not_less = nx;
+                        break;
+                    }
+                }
             }
             s.preds[level] = x;
         }
-        let candidate = self.next(x, 0);
-        if candidate != 0 && self.cmp_key(candidate, hash, name) == Cmp::Equal {
-            s.found = candidate;
+        // Confirm at level 0 (a node seen equal at a higher level is still
+        // linked at level 0 unless removed meanwhile).
+        if found != 0 && self.next(x, 0) == found {
+            s.found = found;
+        } else {
+            let candidate = self.next(x, 0);
+            if candidate != 0 && candidate != found && self.cmp_key(candidate, hash, name) == Cmp::Equal {
+                s.found = candidate;
+            }
         }
         s
     }

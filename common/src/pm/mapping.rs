@@ -56,6 +56,7 @@ impl Mapping {
 
     /// The address `offset` bytes into the mapping. Computing it is safe;
     /// callers check bounds before dereferencing it.
+    #[inline]
     fn at(&self, offset: usize) -> *mut u8 {
         self.ptr.as_ptr().wrapping_add(offset)
     }
@@ -69,6 +70,7 @@ impl Mapping {
 
     /// Checks that `[offset, offset + len)` lies inside the mapping and
     /// returns the offset as a `usize`.
+    #[inline]
     pub(super) fn check(&self, offset: u64, len: usize) -> Result<usize> {
         let out = || Error::OutOfBounds {
             offset,
@@ -83,6 +85,7 @@ impl Mapping {
         Ok(start)
     }
 
+    #[inline]
     fn check_atomic(&self, offset: u64) -> Result<usize> {
         if offset % 8 != 0 {
             return Err(Error::Misaligned { offset, align: 8 });
@@ -91,6 +94,7 @@ impl Mapping {
     }
 
     /// Copies `buf.len()` bytes at `offset` out of the mapping.
+    #[inline]
     pub(super) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let start = self.check(offset, buf.len())?;
         // SAFETY: `check` proved `[start, start + len)` is inside the live
@@ -102,11 +106,13 @@ impl Mapping {
     }
 
     /// Atomically loads the 8-byte word at `offset`.
+    #[inline]
     pub(super) fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
         Ok(self.word64(offset)?.load(order))
     }
 
     /// The atomic 8-byte word at a checked, aligned `offset`.
+    #[inline]
     fn word64(&self, offset: u64) -> Result<&AtomicU64> {
         let start = self.check_atomic(offset)?;
         // SAFETY: in bounds and 8-byte aligned (checked; the mapping is
@@ -116,6 +122,7 @@ impl Mapping {
     }
 
     /// The atomic 4-byte word at a checked, aligned `offset`.
+    #[inline]
     fn word32(&self, offset: u64) -> Result<&AtomicU32> {
         if offset % 4 != 0 {
             return Err(Error::Misaligned { offset, align: 4 });
@@ -125,6 +132,7 @@ impl Mapping {
         Ok(unsafe { AtomicU32::from_ptr(self.at(start) as *mut u32) })
     }
 
+    #[inline]
     fn writable_or_err(&self, offset: u64) -> Result<()> {
         if self.writable {
             Ok(())
@@ -133,12 +141,47 @@ impl Mapping {
         }
     }
 
+    /// Compares the `other.len()` bytes at `offset` with `other`,
+    /// lexicographically, without copying them out.
+    #[inline]
+    pub(super) fn cmp_bytes(&self, offset: u64, other: &[u8]) -> Result<std::cmp::Ordering> {
+        let start = self.check(offset, other.len())?;
+        let p = self.at(start);
+        let n = other.len();
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `[start + i, start + i + 8)` is inside the checked
+            // range; an unaligned read of plain bytes has no other
+            // requirement.
+            let a = unsafe { (p.wrapping_add(i) as *const u64).read_unaligned() };
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&other[i..i + 8]);
+            let b = u64::from_ne_bytes(w);
+            if a != b {
+                // Big-endian order compares like the bytes do.
+                return Ok(a.swap_bytes().cmp(&b.swap_bytes()));
+            }
+            i += 8;
+        }
+        while i < n {
+            // SAFETY: inside the checked range.
+            let a = unsafe { p.wrapping_add(i).read() };
+            if a != other[i] {
+                return Ok(a.cmp(&other[i]));
+            }
+            i += 1;
+        }
+        Ok(std::cmp::Ordering::Equal)
+    }
+
     /// Atomically loads the 4-byte word at `offset`.
+    #[inline]
     pub(super) fn load_u32(&self, offset: u64, order: Ordering) -> Result<u32> {
         Ok(self.word32(offset)?.load(order))
     }
 
     /// Atomic store of the 8-byte word at `offset` (writable mappings only).
+    #[inline]
     pub(super) fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<()> {
         self.writable_or_err(offset)?;
         self.word64(offset)?.store(value, order);
@@ -146,6 +189,7 @@ impl Mapping {
     }
 
     /// Atomic store of the 4-byte word at `offset` (writable mappings only).
+    #[inline]
     pub(super) fn store_u32(&self, offset: u64, value: u32, order: Ordering) -> Result<()> {
         self.writable_or_err(offset)?;
         self.word32(offset)?.store(value, order);
@@ -171,6 +215,7 @@ impl Mapping {
     }
 
     /// Copies `data` into the mapping at `offset` (writable mappings only).
+    #[inline]
     pub(super) fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.writable_or_err(offset)?;
         let start = self.check(offset, data.len())?;

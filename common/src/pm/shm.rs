@@ -28,6 +28,8 @@ pub trait Words {
     fn load_u32(&self, offset: u64, order: Ordering) -> u32;
     /// Copies bytes out; false (and `buf` untouched) if out of range.
     fn read(&self, offset: u64, buf: &mut [u8]) -> bool;
+    /// Compares the bytes at `offset` with `other` (`None` if out of range).
+    fn cmp_bytes(&self, offset: u64, other: &[u8]) -> Option<std::cmp::Ordering>;
 }
 
 /// The owner of a shared segment: maps it read-write and may grow it.
@@ -126,6 +128,7 @@ impl Shm {
     }
 
     /// Current size in bytes.
+    #[inline]
     pub fn len(&self) -> u64 {
         self.len.load(Ordering::Acquire)
     }
@@ -160,6 +163,7 @@ impl Shm {
         Ok(())
     }
 
+    #[inline]
     fn check(&self, offset: u64, n: u64) -> Result<()> {
         match offset.checked_add(n) {
             Some(end) if end <= self.len() => Ok(()),
@@ -172,18 +176,21 @@ impl Shm {
     }
 
     /// Loads the 8-byte word at `offset`.
+    #[inline]
     pub fn try_load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
         self.check(offset, 8)?;
         self.map.load_u64(offset, order)
     }
 
     /// Loads the 4-byte word at `offset`.
+    #[inline]
     pub fn try_load_u32(&self, offset: u64, order: Ordering) -> Result<u32> {
         self.check(offset, 4)?;
         self.map.load_u32(offset, order)
     }
 
     /// Copies bytes out of the segment.
+    #[inline]
     pub fn try_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
         self.map.read(offset, buf)
@@ -246,14 +253,22 @@ impl Shm {
 }
 
 impl Words for Shm {
+    #[inline]
     fn load_u64(&self, offset: u64, order: Ordering) -> u64 {
         self.try_load_u64(offset, order).unwrap_or(0)
     }
+    #[inline]
     fn load_u32(&self, offset: u64, order: Ordering) -> u32 {
         self.try_load_u32(offset, order).unwrap_or(0)
     }
+    #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> bool {
         self.try_read(offset, buf).is_ok()
+    }
+    #[inline]
+    fn cmp_bytes(&self, offset: u64, other: &[u8]) -> Option<std::cmp::Ordering> {
+        self.check(offset, other.len() as u64).ok()?;
+        self.map.cmp_bytes(offset, other).ok()
     }
 }
 
@@ -266,14 +281,21 @@ pub struct ShmView {
 }
 
 impl Words for ShmView {
+    #[inline]
     fn load_u64(&self, offset: u64, order: Ordering) -> u64 {
         self.map.load_u64(offset, order).unwrap_or(0)
     }
+    #[inline]
     fn load_u32(&self, offset: u64, order: Ordering) -> u32 {
         self.map.load_u32(offset, order).unwrap_or(0)
     }
+    #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> bool {
         self.map.read(offset, buf).is_ok()
+    }
+    #[inline]
+    fn cmp_bytes(&self, offset: u64, other: &[u8]) -> Option<std::cmp::Ordering> {
+        self.map.cmp_bytes(offset, other).ok()
     }
 }
 
