@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Mutex;
 
-use kucofs_ulib::Fs;
+use kucofs_ulib::{Config, Fs};
 
 const THREADS: usize = 4;
 const OPS: usize = 3000;
@@ -23,12 +23,26 @@ fn xorshift(s: &mut u64) -> u64 {
 
 #[test]
 fn four_threads_create_rename_and_unlink_in_one_directory() {
+    run(true);
+}
+
+#[test]
+fn four_threads_in_one_directory_all_through_the_kfs_thread() {
+    run(false);
+}
+
+fn run(direct: bool) {
     let dir = tempfile::Builder::new()
         .prefix("kucofs-conc-")
         .tempdir_in("/dev/shm")
         .unwrap();
     let image = dir.path().join("img");
-    let fs = Fs::create(&image, 64 << 20).unwrap();
+    kucofs_kfs::mkfs(&image, 64 << 20, false).unwrap();
+    let config = Config {
+        direct,
+        ..Config::default()
+    };
+    let fs = Fs::open_with(&image, config).unwrap();
     fs.create_dir("d").unwrap();
     // Per shared name: (successful creates, successful unlinks).
     let shared = Mutex::new(vec![(0u32, 0u32); SHARED]);

@@ -136,22 +136,35 @@ fn tree(fs: &Fs) -> Vec<TreeEntry> {
     model::canonical_tree(raw)
 }
 
-fn config(collaborative: bool) -> Config {
+/// How the test's file system sends changes to Kfs.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    /// Applied by the calling thread while Kfs is idle (the default).
+    Direct,
+    /// Through the request slots to the Kfs thread, with pre-located
+    /// addresses.
+    Queued,
+    /// Through the slots, paths only: Kfs resolves everything.
+    QueuedNoHints,
+}
+
+fn config(route: Route) -> Config {
     Config {
-        collaborative,
+        direct: matches!(route, Route::Direct),
+        collaborative: !matches!(route, Route::QueuedNoHints),
         umask: UMASK,
         ..Config::default()
     }
 }
 
-fn check(ops: &[Op], collaborative: bool) -> Result<(), TestCaseError> {
+fn check(ops: &[Op], route: Route) -> Result<(), TestCaseError> {
     let dir = tempfile::Builder::new()
         .prefix("kucofs-model-")
         .tempdir_in("/dev/shm")
         .expect("temp dir");
     let image = dir.path().join("img");
     kucofs_kfs::mkfs(&image, 4 << 20, false).expect("mkfs");
-    let fs = Fs::open_with(&image, config(collaborative)).expect("open");
+    let fs = Fs::open_with(&image, config(route)).expect("open");
     // The model's root is 0o755, as mkfs makes it.
     let mut model = Model::new();
     for (i, op) in ops.iter().enumerate() {
@@ -162,7 +175,7 @@ fn check(ops: &[Op], collaborative: bool) -> Result<(), TestCaseError> {
     let want = model.tree();
     prop_assert_eq!(&tree(&fs), &want, "tree after {:?}", ops);
     fs.close().expect("close");
-    let fs = Fs::open_with(&image, config(collaborative)).expect("reopen");
+    let fs = Fs::open_with(&image, config(route)).expect("reopen");
     prop_assert_eq!(&tree(&fs), &want, "tree after a clean reopen");
     // More changes after the reopen live only in the log; then a crash.
     let extra: Vec<Op> = ops.iter().rev().take(10).cloned().collect();
@@ -173,7 +186,7 @@ fn check(ops: &[Op], collaborative: bool) -> Result<(), TestCaseError> {
     let want = model.tree();
     prop_assert_eq!(&tree(&fs), &want);
     fs.simulate_crash();
-    let fs = Fs::open_with(&image, config(collaborative)).expect("reopen after a crash");
+    let fs = Fs::open_with(&image, config(route)).expect("reopen after a crash");
     prop_assert_eq!(&tree(&fs), &want, "tree after crash recovery");
     fs.close().expect("close");
     let report = kucofs_kfs::fsck(Path::new(&image)).expect("fsck runs");
@@ -194,15 +207,20 @@ proptest! {
 
     #[test]
     fn kucofs_matches_the_model(ops in model::ops()) {
-        check(&ops, true)?;
+        check(&ops, Route::Direct)?;
     }
 }
 
 proptest! {
-    #![proptest_config(proptest_config(64))]
+    #![proptest_config(proptest_config(128))]
+
+    #[test]
+    fn kucofs_matches_the_model_through_the_kfs_thread(ops in model::ops()) {
+        check(&ops, Route::Queued)?;
+    }
 
     #[test]
     fn kucofs_matches_the_model_without_collaborative_indexing(ops in model::ops()) {
-        check(&ops, false)?;
+        check(&ops, Route::QueuedNoHints)?;
     }
 }

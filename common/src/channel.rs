@@ -59,6 +59,11 @@ const DOORBELL_SIZE: u64 = 4096;
 const CLIENT_SPIN: Duration = Duration::from_micros(20);
 const CLIENT_YIELD: Duration = Duration::from_micros(200);
 
+thread_local! {
+    static ENCODE: std::cell::RefCell<Box<[u8; REQUEST_MAX]>> =
+        std::cell::RefCell::new(Box::new([0; REQUEST_MAX]));
+}
+
 fn slot_at(slot: usize) -> u64 {
     SLOTS_AT + slot as u64 * SLOT_SIZE
 }
@@ -104,10 +109,15 @@ impl Segment {
         }
         let io = |_| Errno::EIO;
         let shm = &self.shm;
-        let mut buf = [0u8; REQUEST_MAX];
-        let len = req.encode(&mut buf)?;
-        shm.write(self.word(slot, REQUEST_RECORD), &buf[..len])
-            .map_err(io)?;
+        // Encoded in a per-thread buffer: zeroing a fresh one per call would
+        // cost more than the encoding.
+        let len = ENCODE.with(|b| -> Result<usize, Errno> {
+            let mut buf = b.borrow_mut();
+            let len = req.encode(&mut buf[..])?;
+            shm.write(self.word(slot, REQUEST_RECORD), &buf[..len])
+                .map_err(io)?;
+            Ok(len)
+        })?;
         shm.store_u64(self.word(slot, S_REQ_LEN), len as u64, Ordering::Relaxed)
             .map_err(io)?;
         let seq = shm
@@ -191,10 +201,14 @@ impl Segment {
 
     /// Takes the pending bits of slots `64 * word ..`.
     pub fn take_pending(&self, word: usize) -> u64 {
+        let at = H_PENDING + 8 * word as u64;
+        // A plain load first: polling must not take the line exclusively
+        // (as a swap would) while clients are setting bits in it.
+        if self.shm.try_load_u64(at, Ordering::Relaxed).unwrap_or(0) == 0 {
+            return 0;
+        }
         // AcqRel: pairs with the clients' SeqCst fetch_or.
-        self.shm
-            .swap_u64(H_PENDING + 8 * word as u64, 0, Ordering::AcqRel)
-            .unwrap_or(0)
+        self.shm.swap_u64(at, 0, Ordering::AcqRel).unwrap_or(0)
     }
 
     /// True if any slot is pending.

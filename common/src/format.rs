@@ -553,28 +553,51 @@ impl LogEntryHeader {
 /// sequence, or would run past the area: that is the log's end.
 pub fn scan_log(log: &[u8], first_seq: u64) -> Vec<(u64, LogEntryHeader)> {
     let mut entries = Vec::new();
+    scan_log_with(
+        log.len() as u64,
+        first_seq,
+        |at, buf| {
+            usize::try_from(at)
+                .ok()
+                .and_then(|a| log.get(a..a.checked_add(buf.len())?))
+                .map(|src| buf.copy_from_slice(src))
+                .is_some()
+        },
+        |at, h, _| entries.push((at, *h)),
+    );
+    entries
+}
+
+/// [`scan_log`] over a log area of `len` bytes read through `read` (which
+/// copies bytes at an offset into the area, false if it cannot), one entry
+/// at a time, calling `visit` with each valid entry's offset, header and
+/// payload.
+pub fn scan_log_with(
+    len: u64,
+    first_seq: u64,
+    read: impl Fn(u64, &mut [u8]) -> bool,
+    mut visit: impl FnMut(u64, &LogEntryHeader, &[u8]),
+) {
     let mut at = 0u64;
     let mut seq = first_seq;
-    while let Some(header) = usize::try_from(at)
-        .ok()
-        .and_then(|a| log.get(a..))
-        .and_then(LogEntryHeader::decode)
-    {
-        let start = at as usize + LOG_ENTRY_HEADER_SIZE;
-        let Some(payload) = start
-            .checked_add(header.len as usize)
-            .and_then(|end| log.get(start..end))
-        else {
+    let mut hb = [0u8; LOG_ENTRY_HEADER_SIZE];
+    let mut payload = Vec::new();
+    while at + LOG_ENTRY_HEADER_SIZE as u64 <= len && read(at, &mut hb) {
+        let Some(header) = LogEntryHeader::decode(&hb) else {
             break;
         };
-        if header.seq != seq || !header.verify(payload) {
+        let start = at + LOG_ENTRY_HEADER_SIZE as u64;
+        if header.seq != seq || start + u64::from(header.len) > len {
             break;
         }
-        entries.push((at, header));
+        payload.resize(header.len as usize, 0);
+        if !read(start, &mut payload) || !header.verify(&payload) {
+            break;
+        }
+        visit(at, &header, &payload);
         at += header.footprint();
         seq += 1;
     }
-    entries
 }
 
 /// Size of a checkpoint header.

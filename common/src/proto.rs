@@ -6,7 +6,6 @@
 //! its own copy of the slot (a client may change the slot at any time) and
 //! checks every field: lengths, names, offsets are never trusted.
 
-use crate::index::layout::MAX_HEIGHT;
 use crate::index::PATH_MAX;
 use crate::Errno;
 
@@ -15,41 +14,26 @@ pub const PROTO_VERSION: u16 = 1;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
-pub const HINT_SIZE: usize = 8 + 4 + 4 + 8 * MAX_HEIGHT + 8 + 4;
+pub const HINT_SIZE: usize = 4 + 8 + 4 + 8 + 8 + 4;
 /// Encoded size of a reply.
 pub const REPLY_SIZE: usize = 32;
 
 /// Where a client found things while resolving a path (collaborative
-/// indexing, DESIGN §6): the parent directory and, in its skip list, the
-/// predecessor at each level of the name's position and the entry itself
-/// if it exists. Kfs validates every offset before using any.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// indexing, DESIGN §6): the parent directory and, in its list, the node
+/// after which the name is (or would be) linked and the entry itself if it
+/// exists. Kfs validates every offset before using any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Hint {
     /// Offset of the parent directory's inode.
     pub dir: u64,
     /// Its generation.
     pub dir_gen: u32,
-    /// Number of valid entries in `preds` (levels above use the head).
-    pub npreds: u32,
-    /// Predecessors by level.
-    pub preds: [u64; MAX_HEIGHT],
+    /// The node before the name's position.
+    pub pred: u64,
     /// The entry with the name, or 0 if the client found none.
     pub found: u64,
     /// Its generation.
     pub found_gen: u32,
-}
-
-impl Default for Hint {
-    fn default() -> Self {
-        Hint {
-            dir: 0,
-            dir_gen: 0,
-            npreds: 0,
-            preds: [0; MAX_HEIGHT],
-            found: 0,
-            found_gen: 0,
-        }
-    }
 }
 
 /// Attribute changes.
@@ -233,11 +217,7 @@ impl W<'_> {
                 self.u32(1)?;
                 self.u64(h.dir)?;
                 self.u32(h.dir_gen)?;
-                let n = (h.npreds as usize).min(MAX_HEIGHT);
-                self.u32(n as u32)?;
-                for p in &h.preds[..n] {
-                    self.u64(*p)?;
-                }
+                self.u64(h.pred)?;
                 self.u64(h.found)?;
                 self.u32(h.found_gen)
             }
@@ -294,21 +274,13 @@ impl<'b> R<'b> {
         if !self.bool()? {
             return Ok(None);
         }
-        let mut h = Hint {
+        Ok(Some(Hint {
             dir: self.u64()?,
             dir_gen: self.u32()?,
-            npreds: self.u32()?,
-            ..Hint::default()
-        };
-        if h.npreds as usize > MAX_HEIGHT {
-            return Err(Errno::EPROTO);
-        }
-        for i in 0..h.npreds as usize {
-            h.preds[i] = self.u64()?;
-        }
-        h.found = self.u64()?;
-        h.found_gen = self.u32()?;
-        Ok(Some(h))
+            pred: self.u64()?,
+            found: self.u64()?,
+            found_gen: self.u32()?,
+        }))
     }
 }
 
@@ -521,21 +493,16 @@ mod tests {
             (
                 any::<u64>(),
                 any::<u32>(),
-                0usize..=MAX_HEIGHT,
                 any::<u64>(),
+                any::<u64>(),
+                any::<u32>(),
             )
-                .prop_map(|(dir, dir_gen, n, found)| {
-                    let mut h = Hint {
-                        dir,
-                        dir_gen,
-                        npreds: n as u32,
-                        found,
-                        ..Hint::default()
-                    };
-                    for i in 0..n {
-                        h.preds[i] = dir.wrapping_add(i as u64);
-                    }
-                    h
+                .prop_map(|(dir, dir_gen, pred, found, found_gen)| Hint {
+                    dir,
+                    dir_gen,
+                    pred,
+                    found,
+                    found_gen,
                 }),
         )
     }

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
 
 use kucofs_common::index::layout::*;
 use kucofs_common::index::IndexReader;
@@ -14,8 +15,15 @@ use kucofs_common::Errno;
 pub const INDEX_RESERVE: u64 = 64 << 30;
 /// Step by which the memfd grows.
 const GROW_STEP: u64 = 64 << 20;
+/// Pages are allocated this far ahead of the allocation pointer, in one
+/// call, rather than one fault at a time.
+const POPULATE_STEP: u64 = 4 << 20;
 
-/// Item sizes: multiples of 16 up to 512, then powers of two up to 128 KiB.
+/// Item sizes: multiples of 16 up to 512, then powers of two up to 256 MiB
+/// (a directory's largest bucket table is 128 MiB).
+/// Number of size classes.
+const CLASSES: u16 = 51;
+
 fn class_size(class: u16) -> u64 {
     let c = u64::from(class);
     if c < 32 {
@@ -29,14 +37,14 @@ fn class_for(size: u64) -> Option<u16> {
     if size <= 512 {
         Some((size.max(1).div_ceil(16) - 1) as u16)
     } else {
-        (32u16..40).find(|&c| class_size(c) >= size)
+        (32u16..CLASSES).find(|&c| class_size(c) >= size)
     }
 }
 
 /// The writable index: its memory, the allocator, and the retired items.
 #[derive(Debug)]
 pub struct Arena {
-    shm: Shm,
+    shm: Arc<Shm>,
     /// End of the allocated part.
     used: u64,
     /// Free items by size class.
@@ -45,19 +53,23 @@ pub struct Arena {
     retired: VecDeque<(u64, u64)>,
     /// Bytes in live items.
     live_bytes: u64,
+    /// End of the part whose pages are allocated.
+    populated: u64,
 }
 
 impl Arena {
     /// A new, empty arena with its header written.
     pub fn new() -> Result<Arena, Errno> {
-        let shm =
-            Shm::create("kucofs-index", GROW_STEP, INDEX_RESERVE).map_err(|_| Errno::ENOMEM)?;
+        let shm = Arc::new(
+            Shm::create("kucofs-index", GROW_STEP, INDEX_RESERVE).map_err(|_| Errno::ENOMEM)?,
+        );
         let a = Arena {
             shm,
             used: HEADER_SIZE,
-            free: vec![Vec::new(); 40],
+            free: vec![Vec::new(); CLASSES as usize],
             retired: VecDeque::new(),
             live_bytes: 0,
+            populated: 0,
         };
         a.put(HDR_EPOCH, 1)?;
         a.put(HDR_USED, HEADER_SIZE)?;
@@ -68,6 +80,12 @@ impl Arena {
     /// The shared memory, for mapping into clients.
     pub fn shm(&self) -> &Shm {
         &self.shm
+    }
+
+    /// A handle on the shared memory, for provisioning it from another
+    /// thread.
+    pub fn shm_handle(&self) -> Arc<Shm> {
+        self.shm.clone()
     }
 
     /// A reader over Kfs's own mapping.
@@ -111,6 +129,12 @@ impl Arena {
         self.shm.load_u64(off, Ordering::Acquire)
     }
 
+    /// Loads a 4-byte word through Kfs's mapping.
+    pub fn get32(&self, off: u64) -> u32 {
+        use kucofs_common::pm::Words;
+        self.shm.load_u32(off, Ordering::Acquire)
+    }
+
     /// Copies bytes into an item that is not yet published.
     pub fn put_bytes(&self, off: u64, bytes: &[u8]) -> Result<(), Errno> {
         self.shm.write(off, bytes).map_err(|_| Errno::EFAULT)
@@ -120,19 +144,31 @@ impl Arena {
     /// returns its offset. Its header is written last, so a stale client
     /// offset to the old item fails the generation check from then on.
     pub fn alloc(&mut self, tag: u16, size: u64) -> Result<u64, Errno> {
-        let class = class_for(size).ok_or(Errno::ENAMETOOLONG)?;
+        let class = class_for(size).ok_or(Errno::ENOMEM)?;
         let bytes = class_size(class);
         let (off, gen) = match self.free[class as usize].pop() {
             Some(off) => (off, header_gen(self.get(off)).wrapping_add(1)),
             None => {
                 let off = self.used;
                 let end = off + bytes;
-                if end > self.shm.len() {
-                    let want = end.next_multiple_of(GROW_STEP);
-                    self.shm.grow(want).map_err(|_| Errno::ENOMEM)?;
+                // Grow half a step early, so pages ahead of the allocation
+                // point exist for the Kfs thread to provision.
+                if end + GROW_STEP / 2 > self.shm.len() {
+                    let want = (end + GROW_STEP).next_multiple_of(GROW_STEP);
+                    self.shm
+                        .grow(want.min(self.shm.reserve()))
+                        .map_err(|_| Errno::ENOMEM)?;
+                    if end > self.shm.len() {
+                        return Err(Errno::ENOMEM);
+                    }
                 }
                 self.used = end;
                 self.put(HDR_USED, end)?;
+                if end > self.populated {
+                    let to = end.max(self.populated + POPULATE_STEP).min(self.shm.len());
+                    self.shm.populate(self.populated, to - self.populated);
+                    self.populated = to;
+                }
                 (off, 1)
             }
         };
@@ -227,14 +263,14 @@ mod tests {
 
     #[test]
     fn size_classes_cover_every_size() {
-        for size in 1..=131072u64 {
+        for size in (1..=131072u64).chain([1 << 20, (128 << 20) + 16, 256 << 20]) {
             let c = class_for(size).unwrap();
             assert!(class_size(c) >= size);
             if c > 0 && c < 32 {
                 assert!(class_size(c - 1) < size);
             }
         }
-        assert_eq!(class_for(131073), None);
+        assert_eq!(class_for((256 << 20) + 1), None);
     }
 
     #[test]

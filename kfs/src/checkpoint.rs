@@ -162,7 +162,7 @@ pub fn load(body: &[u8]) -> Result<Namespace, String> {
                     btime: 0,
                     entries: 0,
                 };
-                let mut fields = || -> Result<Vec<u8>, Errno> {
+                let mut fields = || -> Result<&[u8], Errno> {
                     a.mode = r.u32()?;
                     a.nlink = r.u32()?;
                     a.uid = r.u32()?;
@@ -175,18 +175,18 @@ pub fn load(body: &[u8]) -> Result<Namespace, String> {
                     r.bytes(PATH_MAX)
                 };
                 let target = fields().map_err(|e| bad("inode", e))?;
-                ns.load_inode(&a, &target)
+                ns.load_inode(&a, target)
                     .map_err(|e| format!("checkpoint record {n}: inode {}: {e:?}", a.ino))?;
             }
             ENTRY => {
-                let mut fields = || -> Result<(u64, u64, Vec<u8>), Errno> {
+                let mut fields = || -> Result<(u64, u64, &[u8]), Errno> {
                     Ok((r.u64()?, r.u64()?, r.bytes(NAME_MAX)?))
                 };
                 let (parent, ino, name) = fields().map_err(|e| bad("entry", e))?;
-                ns.load_entry(parent, &name, ino).map_err(|e| {
+                ns.load_entry(parent, name, ino).map_err(|e| {
                     format!(
                         "checkpoint record {n}: entry {:?} in {parent} -> {ino}: {e:?}",
-                        String::from_utf8_lossy(&name)
+                        String::from_utf8_lossy(name)
                     )
                 })?;
             }

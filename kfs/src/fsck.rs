@@ -111,11 +111,15 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
             ));
             continue;
         }
-        check_levels(&r, head, dir_ino, p);
+        check_list(&r, ns, dir, head, dir_ino, p);
         let mut count = 0u64;
-        let mut x = r.next(head, 0);
+        let mut x = r.next(head);
         let mut prev: Option<(u64, Vec<u8>)> = None;
         while x != 0 {
+            if r.is_marker(x) {
+                x = r.next(x);
+                continue;
+            }
             count += 1;
             report.entries += 1;
             let e = r.dirent(x);
@@ -183,7 +187,7 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
                     }
                 }
             }
-            x = r.next(x, 0);
+            x = r.next(x);
         }
         if let Some(a) = r.attr(dir) {
             if a.entries != count {
@@ -244,52 +248,67 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
     }
 }
 
-/// Every level of a directory's skip list is sorted and contains only
-/// nodes that the level below also contains.
-fn check_levels(r: &IndexReader<'_, Shm>, head: u64, dir_ino: u64, p: &mut Vec<String>) {
-    let mut below: Option<std::collections::HashSet<u64>> = None;
-    for level in 0..MAX_HEIGHT {
-        let mut nodes = std::collections::HashSet::new();
-        let mut x = r.next(head, level);
-        let mut prev: Option<(u64, Vec<u8>)> = None;
-        let mut steps = 0u64;
-        while x != 0 {
-            steps += 1;
-            if steps > 1 << 32 || !nodes.insert(x) {
-                p.push(format!(
-                    "directory {dir_ino}: level {level} of its list loops"
-                ));
-                break;
-            }
-            if r.height(x) <= level {
-                p.push(format!(
-                    "directory {dir_ino}: a node of height {} is linked at level {level}",
-                    r.height(x)
-                ));
-            }
-            let e = r.dirent(x);
-            if let Some((h, n)) = &prev {
-                if (*h, n.as_slice()) >= (e.hash, e.name.as_slice()) {
-                    p.push(format!(
-                        "directory {dir_ino}: level {level} is out of key order"
-                    ));
-                }
-            }
-            prev = Some((e.hash, e.name));
-            x = r.next(x, level);
+/// A directory's list is sorted and loop-free, holds only live nodes of
+/// the directory, and its bucket table points at the right sentinels.
+fn check_list(
+    r: &IndexReader<'_, Shm>,
+    ns: &Namespace,
+    dir: u64,
+    head: u64,
+    dir_ino: u64,
+    p: &mut Vec<String>,
+) {
+    let mut seen = std::collections::HashSet::new();
+    let mut x = r.next(head);
+    let mut prev: Option<(u64, Vec<u8>)> = None;
+    let mut sentinels = 0u64;
+    while x != 0 {
+        if !seen.insert(x) {
+            p.push(format!("directory {dir_ino}: its list loops"));
+            return;
         }
-        if let Some(b) = &below {
-            if !nodes.is_subset(b) {
-                p.push(format!(
-                    "directory {dir_ino}: level {level} holds nodes missing from level {}",
-                    level - 1
-                ));
+        let marker = r.is_marker(x);
+        let tag = if marker { TAG_SENTINEL } else { TAG_DIRENT };
+        if !r.is_live(x, tag, None) || ns.arena().get(x + D_DIR) != dir {
+            p.push(format!(
+                "directory {dir_ino}: its list holds a node that is not its own live item"
+            ));
+        }
+        sentinels += u64::from(marker);
+        let e = r.dirent(x);
+        if let Some((h, n)) = &prev {
+            if (*h, n.as_slice()) >= (e.hash, e.name.as_slice()) {
+                p.push(format!("directory {dir_ino}: its list is out of key order"));
             }
         }
-        if nodes.is_empty() {
-            break;
+        prev = Some((e.hash, e.name));
+        x = r.next(x);
+    }
+    let table = ns.arena().get(dir + I_BUCKETS);
+    let bits = ns.arena().get(table + B_BITS) as u32;
+    if !r.is_live(table, TAG_BUCKETS, None) || !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits)
+    {
+        p.push(format!("directory {dir_ino}: no valid bucket table"));
+        return;
+    }
+    if sentinels != (1 << bits) - 1 {
+        p.push(format!(
+            "directory {dir_ino}: {sentinels} sentinels for a table of {} buckets",
+            1u64 << bits
+        ));
+    }
+    for b in 0..1u64 << bits {
+        let s = ns.arena().get(table + B_SLOTS + 8 * b);
+        let ok = if b == 0 {
+            s == head
+        } else {
+            seen.contains(&s) && r.is_marker(s) && r.dirent(s).hash == bucket_start(b, bits)
+        };
+        if !ok {
+            p.push(format!(
+                "directory {dir_ino}: bucket {b} does not start at its sentinel"
+            ));
         }
-        below = Some(nodes);
     }
 }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::format::{
-    scan_log, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault, FORMAT_VERSION,
-    PAGE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+    scan_log_with, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault,
+    FORMAT_VERSION, PAGE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use kucofs_common::pm::{Hardware, MapMode, Persist, Region, RegionView};
 use kucofs_common::proto::Creds;
@@ -28,7 +28,7 @@ pub enum Copy {
 /// An open, validated image: the writable region and its current superblock.
 #[derive(Debug)]
 pub struct Image {
-    region: Region,
+    region: Arc<Region>,
     superblock: Superblock,
     copy: Copy,
 }
@@ -73,11 +73,15 @@ pub fn mkfs_with(
         (geometry.log.offset(), geometry.log.len()),
         (geometry.bitmap.offset(), geometry.bitmap.len()),
     ];
-    for (offset, len) in clear {
-        region.fill(offset, len, 0)?;
-        region.flush(offset, len)?;
+    // A file just truncated reads as zeros already: clearing it would only
+    // allocate memory (or blocks) for nothing.
+    if !region.is_fresh() {
+        for (offset, len) in clear {
+            region.fill(offset, len, 0)?;
+            region.flush(offset, len)?;
+        }
+        region.fence();
     }
-    region.fence();
     // The root directory, owned by whoever makes the file system, is the
     // first checkpoint.
     let root = Creds {
@@ -192,7 +196,7 @@ impl Image {
         let (superblock, copy) =
             select_superblock(path, region.len(), |off, buf| region.read(off, buf))?;
         Ok(Image {
-            region,
+            region: Arc::new(region),
             superblock,
             copy,
         })
@@ -201,6 +205,11 @@ impl Image {
     /// The writable region.
     pub fn region(&self) -> &Region {
         &self.region
+    }
+
+    /// A handle on the region, for provisioning it from another thread.
+    pub fn region_handle(&self) -> Arc<Region> {
+        self.region.clone()
     }
 
     /// The superblock in force.
@@ -285,10 +294,16 @@ pub fn inspect(path: &Path) -> Result<ImageReport> {
         }
     }
 
-    let mut log = vec![0u8; g.log.len() as usize];
-    view.read(g.log.offset(), &mut log)?;
-    let entries = scan_log(&log, sb.log_seq);
-    let log_bytes = entries.last().map_or(0, |(at, h)| at + h.footprint());
+    let (mut log_entries, mut log_bytes) = (0u64, 0u64);
+    scan_log_with(
+        g.log.len(),
+        sb.log_seq,
+        |at, buf| view.read(g.log.offset() + at, buf).is_ok(),
+        |at, h, _| {
+            log_entries += 1;
+            log_bytes = at + h.footprint();
+        },
+    );
     Ok(ImageReport {
         path: path.into(),
         image_len: view.len(),
@@ -296,7 +311,7 @@ pub fn inspect(path: &Path) -> Result<ImageReport> {
         copy,
         other_copy_valid,
         used_pages,
-        log_entries: entries.len() as u64,
+        log_entries,
         log_bytes,
         mode: view.mode(),
     })

@@ -4,6 +4,9 @@
 //! change survives a crash; a torn entry fails its checksum and ends the
 //! log, which is right, since its change was never acknowledged.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use kucofs_common::format::{Area, LogEntryHeader, LOG_ENTRY_HEADER_SIZE};
 use kucofs_common::pm::Region;
 use kucofs_common::Errno;
@@ -20,8 +23,16 @@ pub struct Log {
     next_seq: u64,
     /// Entries appended since the last checkpoint.
     entries: u64,
+    /// End of the part of the area whose pages are allocated (an emulated
+    /// region allocates memory on first touch).
+    prefaulted: u64,
+    /// `pos`, published for the Kfs thread's page provisioning.
+    published: Arc<AtomicU64>,
     buf: Vec<u8>,
 }
+
+/// Log pages are allocated this far ahead of the write position.
+const PREFAULT_STEP: u64 = 2 << 20;
 
 impl Log {
     /// The log positioned after `entries` valid entries ending at `pos`,
@@ -32,8 +43,20 @@ impl Log {
             pos,
             next_seq,
             entries,
+            prefaulted: pos,
+            published: Arc::new(AtomicU64::new(pos)),
             buf: Vec::with_capacity(4096),
         }
+    }
+
+    /// The area the log occupies.
+    pub fn area(&self) -> Area {
+        self.area
+    }
+
+    /// The write position, as the Kfs thread's provisioning reads it.
+    pub fn position_handle(&self) -> Arc<AtomicU64> {
+        self.published.clone()
     }
 
     /// Bytes in use.
@@ -57,12 +80,6 @@ impl Log {
         self.next_seq
     }
 
-    /// True if an entry for `rec` fits.
-    pub fn fits(&mut self, rec: &Record) -> bool {
-        self.encode(rec);
-        self.pos + self.buf.len() as u64 <= self.area.len()
-    }
-
     fn encode(&mut self, rec: &Record) {
         self.buf.clear();
         self.buf.resize(LOG_ENTRY_HEADER_SIZE, 0);
@@ -74,23 +91,47 @@ impl Log {
         self.buf.resize(padded, 0);
     }
 
-    /// Appends `rec` and makes it durable. `ENOSPC` if the log is full (the
-    /// caller checkpoints and retries).
-    pub fn append(&mut self, region: &Region, rec: &Record) -> Result<(), Errno> {
+    /// Encodes `rec` as the next entry; false if it does not fit (the
+    /// caller checkpoints, restarting the log, and encodes again).
+    pub fn prepare(&mut self, rec: &Record) -> bool {
         self.encode(rec);
+        self.pos + self.buf.len() as u64 <= self.area.len()
+    }
+
+    /// Appends the entry [`prepare`](Self::prepare) encoded and makes it
+    /// durable. `ENOSPC` if it does not fit.
+    pub fn append_prepared(&mut self, region: &Region) -> Result<(), Errno> {
         let len = self.buf.len() as u64;
-        if self.pos + len > self.area.len() {
+        if len == 0 || self.pos + len > self.area.len() {
             return Err(Errno::ENOSPC);
+        }
+        if self.pos + len > self.prefaulted {
+            let to = (self.pos + len)
+                .max(self.prefaulted + PREFAULT_STEP)
+                .min(self.area.len());
+            region.prefault(self.area.offset() + self.prefaulted, to - self.prefaulted);
+            self.prefaulted = to;
         }
         let at = self.area.offset() + self.pos;
         // Entries start on cache lines and are padded to whole lines, so
         // the non-temporal copy needs no flush; the fence makes it durable.
         region.write_nt(at, &self.buf).map_err(|_| Errno::EIO)?;
         region.fence();
+        self.buf.clear();
         self.pos += len;
+        self.published.store(self.pos, Ordering::Relaxed);
         self.next_seq += 1;
         self.entries += 1;
         Ok(())
+    }
+
+    /// Appends `rec` and makes it durable. `ENOSPC` if the log is full (the
+    /// caller checkpoints and retries).
+    pub fn append(&mut self, region: &Region, rec: &Record) -> Result<(), Errno> {
+        if !self.prepare(rec) {
+            return Err(Errno::ENOSPC);
+        }
+        self.append_prepared(region)
     }
 
     /// Starts over at the area's beginning after a checkpoint that covers
@@ -99,6 +140,8 @@ impl Log {
     /// them.
     pub fn restart(&mut self) {
         self.pos = 0;
+        self.published.store(0, Ordering::Relaxed);
         self.entries = 0;
+        self.prefaulted = 0;
     }
 }

@@ -10,7 +10,7 @@
 //! an existing target swaps one entry for another at every level, so a
 //! reader always finds the target name.
 
-use std::cmp::Ordering as Cmp;
+use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::index::layout::*;
@@ -29,31 +29,30 @@ pub const ROOT_INO: u64 = 1;
 
 /// A validated change, waiting for its log entry to become durable.
 #[derive(Debug)]
-pub struct Prepared {
+pub struct Prepared<'a> {
     /// What the log records.
-    pub record: Record,
+    pub record: Record<'a>,
     plan: Plan,
 }
 
 /// Where a validated change goes, so that applying it need not search.
 #[derive(Debug, Default, Clone, Copy)]
 struct Plan {
-    /// Validated insertion point at the destination, and the new entry's
-    /// height.
-    dst: Option<([u64; MAX_HEIGHT], usize)>,
+    /// Validated node to link the destination entry after.
+    dst: Option<u64>,
     /// The existing destination entry (rename over a target).
     dst_found: u64,
-    /// Validated predecessors of the entry to remove.
-    src: Option<[u64; MAX_HEIGHT]>,
+    /// Validated node before the entry to remove.
+    src: Option<u64>,
     /// The entry to remove.
     src_found: u64,
 }
 
 /// What a request resolved to.
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Outcome<'a> {
     /// A change to log and then [`Namespace::commit`].
-    Change(Box<Prepared>),
+    Change(Prepared<'a>),
     /// Nothing to change (e.g. renaming a name onto another name of the
     /// same inode); reply at once.
     Done(Reply),
@@ -76,7 +75,6 @@ pub struct Namespace {
     arena: Arena,
     next_ino: u64,
     free_inos: Vec<u64>,
-    rng: u64,
     hints: HintStats,
 }
 
@@ -98,7 +96,6 @@ impl Namespace {
             arena,
             next_ino: ROOT_INO + 1,
             free_inos: Vec::new(),
-            rng: 0x9e37_79b9_7f4a_7c15 ^ time as u64,
             hints: HintStats::default(),
         };
         let root_inode = ns.new_inode(
@@ -181,15 +178,6 @@ impl Namespace {
         }
     }
 
-    fn random_height(&mut self) -> usize {
-        // xorshift64*; each extra level with probability 1/4.
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        let r = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (1 + r.trailing_zeros() as usize / 2).min(MAX_HEIGHT)
-    }
-
     // ---- the inode table --------------------------------------------------
 
     fn itable_set(&mut self, ino: u64, inode: u64) -> Result<(), Errno> {
@@ -246,16 +234,9 @@ impl Namespace {
         }
         match Kind::from_mode(mode) {
             Some(Kind::Dir) => {
-                let head = a.alloc(TAG_DIRHEAD, dirent_size(MAX_HEIGHT, 0))?;
-                a.put(head + D_DIR, inode)?;
-                a.put(head + D_INODE, inode)?;
-                a.put(
-                    head + D_SHAPE,
-                    shape(0, MAX_HEIGHT as u8, Kind::Dir.to_byte()),
-                )?;
-                a.put(inode + I_DATA, head)?;
                 a.put(inode + I_PARENT, parent)?;
                 a.put32(inode + I_NLINK, 2)?;
+                self.new_dir_list(inode)?;
             }
             Some(Kind::Symlink) => {
                 let t = a.alloc(TAG_SYMLINK, S_BYTES + target.len() as u64)?;
@@ -285,8 +266,10 @@ impl Namespace {
         r
     }
 
+    /// An inode's link count. Kfs is the only writer of inodes, so it
+    /// reads its own fields without the sequence lock readers need.
     fn nlink(&self, inode: u64) -> u32 {
-        self.reader().attr(inode).map_or(0, |a| a.nlink)
+        self.arena.get32(inode + I_NLINK)
     }
 
     fn add_nlink(&mut self, inode: u64, delta: i32, time: i64) -> Result<u32, Errno> {
@@ -301,13 +284,19 @@ impl Namespace {
     /// Directory bookkeeping after an entry was added (+1) or removed (-1),
     /// and `subdirs` subdirectories with it.
     fn touch_dir(&mut self, dir: u64, entries: i64, subdirs: i32, time: i64) -> Result<(), Errno> {
-        let attr = self.reader().attr(dir).ok_or(Errno::EIO)?;
+        // Kfs's own fields: no sequence lock needed to read them.
+        let count = self.arena.get(dir + I_ENTRIES);
+        let nlink = self.nlink(dir);
         self.update(dir, |a| {
-            a.put(dir + I_ENTRIES, attr.entries.saturating_add_signed(entries))?;
-            a.put32(dir + I_NLINK, attr.nlink.saturating_add_signed(subdirs))?;
+            a.put(dir + I_ENTRIES, count.saturating_add_signed(entries))?;
+            a.put32(dir + I_NLINK, nlink.saturating_add_signed(subdirs))?;
             a.put(dir + I_MTIME, time as u64)?;
             a.put(dir + I_CTIME, time as u64)
-        })
+        })?;
+        if entries > 0 {
+            self.maybe_grow(dir)?;
+        }
+        Ok(())
     }
 
     /// Retires an inode and what hangs off it, and frees its number.
@@ -316,184 +305,15 @@ impl Namespace {
         let ino = r.ino(inode);
         let kind = r.kind(inode);
         let data = self.arena.get(inode + I_DATA);
-        if matches!(kind, Some(Kind::Dir) | Some(Kind::Symlink)) && data != 0 {
-            self.arena.retire(data)?;
+        match kind {
+            Some(Kind::Dir) => self.drop_dir_list(inode)?,
+            Some(Kind::Symlink) if data != 0 => self.arena.retire(data)?,
+            _ => {}
         }
         self.itable_set(ino, 0)?;
         self.arena.retire(inode)?;
         self.free_inos.push(ino);
         Ok(())
-    }
-
-    // ---- skip lists ----------------------------------------------------------
-
-    /// The insertion point for a new key, checked from a hint or searched.
-    fn insert_point(
-        &mut self,
-        dir: u64,
-        hash: u64,
-        name: &[u8],
-        hint: Option<&Hint>,
-    ) -> ([u64; MAX_HEIGHT], u64, usize) {
-        let height = self.random_height();
-        let r = self.arena.reader();
-        if let Some(h) = hint {
-            let head = r.dir_head(dir);
-            let mut preds = [head; MAX_HEIGHT];
-            let n = (h.npreds as usize).min(MAX_HEIGHT);
-            preds[..n].copy_from_slice(&h.preds[..n]);
-            let ok = h.dir == dir
-                && (0..height).all(|i| {
-                    let p = preds[i];
-                    // Each check runs only once the ones before it passed, so
-                    // a forged offset is never used for arithmetic or loads
-                    // beyond its header.
-                    let p_ok = p == head
-                        || (r.is_live(p, TAG_DIRENT, None)
-                            && self.arena.get(p + D_DIR) == dir
-                            && r.height(p) > i
-                            && r.cmp_key(p, hash, name) == Cmp::Less);
-                    p_ok && {
-                        let nx = r.next(p, i);
-                        nx == 0 || r.cmp_key(nx, hash, name) == Cmp::Greater
-                    }
-                });
-            if ok {
-                self.hints.used += 1;
-                return (preds, 0, height);
-            }
-            self.hints.stale += 1;
-        } else {
-            self.hints.absent += 1;
-        }
-        let s = r.search(dir, hash, name);
-        (s.preds, s.found, height)
-    }
-
-    /// The entry named `name` in `dir` and its predecessors, checked from a
-    /// hint or searched. Returns a found offset of 0 if there is none.
-    fn find_entry(
-        &mut self,
-        dir: u64,
-        name: &[u8],
-        hint: Option<&Hint>,
-    ) -> ([u64; MAX_HEIGHT], u64) {
-        let r = self.arena.reader();
-        if let Some(h) = hint {
-            let head = r.dir_head(dir);
-            let f = h.found;
-            let found_ok = h.dir == dir
-                && f != 0
-                && r.is_live(f, TAG_DIRENT, Some(h.found_gen))
-                && self.arena.get(f + D_DIR) == dir
-                && r.cmp_key(f, name_hash(name), name) == Cmp::Equal;
-            if found_ok {
-                let mut preds = [head; MAX_HEIGHT];
-                let n = (h.npreds as usize).min(MAX_HEIGHT);
-                preds[..n].copy_from_slice(&h.preds[..n]);
-                if (0..r.height(f)).all(|i| r.next(preds[i], i) == f) {
-                    self.hints.used += 1;
-                    return (preds, f);
-                }
-            }
-            self.hints.stale += 1;
-        } else {
-            self.hints.absent += 1;
-        }
-        let s = r.search(dir, name_hash(name), name);
-        (s.preds, s.found)
-    }
-
-    /// Links a new entry for `inode` into `dir` at a checked insertion point.
-    #[allow(clippy::too_many_arguments)]
-    fn link_entry(
-        &mut self,
-        dir: u64,
-        name: &[u8],
-        inode: u64,
-        preds: &[u64; MAX_HEIGHT],
-        height: usize,
-    ) -> Result<u64, Errno> {
-        let r = self.reader();
-        let ino = r.ino(inode);
-        let kind = r.kind(inode).ok_or(Errno::EIO)?;
-        let next: Vec<u64> = (0..height).map(|i| r.next(preds[i], i)).collect();
-        let head = r.dir_head(dir);
-        let levels = r.levels(head);
-        let a = &mut self.arena;
-        let node = a.alloc(TAG_DIRENT, dirent_size(height, name.len()))?;
-        a.put(node + D_HASH, name_hash(name))?;
-        a.put(node + D_INODE, inode)?;
-        a.put(node + D_INO, ino)?;
-        a.put(node + D_DIR, dir)?;
-        a.put(
-            node + D_SHAPE,
-            shape(name.len() as u16, height as u8, kind.to_byte()),
-        )?;
-        a.put_bytes(node + dirent_name(height), name)?;
-        for (i, n) in next.iter().enumerate() {
-            a.put(node + D_NEXT + 8 * i as u64, *n)?;
-        }
-        // Bottom level first: once a reader can reach the node at level 0
-        // (Release store; readers Acquire `next`), it is fully written.
-        for (i, p) in preds.iter().enumerate().take(height) {
-            a.put(p + D_NEXT + 8 * i as u64, node)?;
-        }
-        if levels < height {
-            a.put(head + H_LEVELS, height as u64)?;
-        }
-        Ok(node)
-    }
-
-    /// Swaps entry `old` in `dir` for a new one of the same name naming
-    /// `inode`, level by level from the bottom, so the name never vanishes.
-    fn replace_entry(
-        &mut self,
-        dir: u64,
-        old: u64,
-        preds: &[u64; MAX_HEIGHT],
-        inode: u64,
-    ) -> Result<u64, Errno> {
-        let r = self.reader();
-        let height = r.height(old);
-        let info = r.dirent(old);
-        let kind = r.kind(inode).ok_or(Errno::EIO)?;
-        let ino = r.ino(inode);
-        let next: Vec<u64> = (0..height).map(|i| r.next(old, i)).collect();
-        let a = &mut self.arena;
-        let node = a.alloc(TAG_DIRENT, dirent_size(height, info.name.len()))?;
-        a.put(node + D_HASH, info.hash)?;
-        a.put(node + D_INODE, inode)?;
-        a.put(node + D_INO, ino)?;
-        a.put(node + D_DIR, dir)?;
-        a.put(
-            node + D_SHAPE,
-            shape(info.name.len() as u16, height as u8, kind.to_byte()),
-        )?;
-        a.put_bytes(node + dirent_name(height), &info.name)?;
-        for (i, n) in next.iter().enumerate() {
-            a.put(node + D_NEXT + 8 * i as u64, *n)?;
-        }
-        for (i, p) in preds.iter().enumerate().take(height) {
-            a.put(p + D_NEXT + 8 * i as u64, node)?;
-        }
-        a.retire(old)?;
-        Ok(node)
-    }
-
-    /// Unlinks entry `node` (top level first) and retires it. Its own links
-    /// stay intact, so a reader standing on it walks on.
-    fn unlink_entry(&mut self, node: u64, preds: &[u64; MAX_HEIGHT]) -> Result<(), Errno> {
-        let r = self.reader();
-        let height = r.height(node);
-        for i in (0..height).rev() {
-            if r.next(preds[i], i) != node {
-                return Err(Errno::EIO);
-            }
-            self.arena
-                .put(preds[i] + D_NEXT + 8 * i as u64, r.next(node, i))?;
-        }
-        self.arena.retire(node)
     }
 
     // ---- resolving requests ----------------------------------------------------
@@ -540,7 +360,7 @@ impl Namespace {
     }
 
     /// Checks a request and works out the change it makes.
-    pub fn prepare(&mut self, req: &Request<'_>, creds: Creds) -> Result<Outcome, Errno> {
+    pub fn prepare<'a>(&mut self, req: &Request<'a>, creds: Creds) -> Result<Outcome<'a>, Errno> {
         let time = now_ns();
         match *req {
             Request::Create {
@@ -576,28 +396,28 @@ impl Namespace {
                 if attrs.mode.is_some_and(|m| m & !0o7777 != 0) {
                     return Err(Errno::EINVAL);
                 }
-                Ok(Outcome::Change(Box::new(Prepared {
+                Ok(Outcome::Change(Prepared {
                     record: Record::SetAttr {
                         ino: self.reader().ino(inode),
                         attrs,
                         time,
                     },
                     plan: Plan::default(),
-                })))
+                }))
             }
             Request::Ping => Ok(Outcome::Done(Reply::default())),
         }
     }
 
-    fn prepare_create(
+    fn prepare_create<'a>(
         &mut self,
-        path: &[u8],
+        path: &'a [u8],
         mode: u32,
-        target: &[u8],
+        target: &'a [u8],
         hint: Option<&Hint>,
         creds: Creds,
         time: i64,
-    ) -> Result<Outcome, Errno> {
+    ) -> Result<Outcome<'a>, Errno> {
         let kind = Kind::from_mode(mode).ok_or(Errno::EINVAL)?;
         if mode & !(libc::S_IFMT | 0o7777) != 0 {
             return Err(Errno::EINVAL);
@@ -623,7 +443,7 @@ impl Namespace {
             return Err(Errno::EISDIR);
         }
         check_name(name)?;
-        let (preds, found, height) = self.insert_point(p.dir, name_hash(name), name, hint);
+        let (pred, found) = self.insert_point(p.dir, name_hash(name), name, hint);
         if found != 0 {
             return Err(Errno::EEXIST);
         }
@@ -640,38 +460,38 @@ impl Namespace {
             (mode, creds.gid)
         };
         let ino = self.peek_ino()?;
-        Ok(Outcome::Change(Box::new(Prepared {
+        Ok(Outcome::Change(Prepared {
             record: Record::Create {
                 parent: self.reader().ino(p.dir),
-                name: name.to_vec(),
+                name: Cow::Borrowed(name),
                 ino,
                 mode,
                 uid: creds.uid,
                 gid,
                 time,
-                target: target.to_vec(),
+                target: Cow::Borrowed(target),
             },
             plan: Plan {
-                dst: Some((preds, height)),
+                dst: Some(pred),
                 ..Plan::default()
             },
-        })))
+        }))
     }
 
-    fn prepare_link(
+    fn prepare_link<'a>(
         &mut self,
-        from: &[u8],
-        to: &[u8],
+        from: &'a [u8],
+        to: &'a [u8],
         hint: Option<&Hint>,
         time: i64,
-    ) -> Result<Outcome, Errno> {
+    ) -> Result<Outcome<'a>, Errno> {
         let src = self.reader().resolve(from, false)?;
         let p = self.parent_of(to, hint)?;
         let Last::Name(name) = p.last else {
             return Err(Errno::EEXIST);
         };
         check_name(name)?;
-        let (preds, found, height) = self.insert_point(p.dir, name_hash(name), name, hint);
+        let (pred, found) = self.insert_point(p.dir, name_hash(name), name, hint);
         if found != 0 {
             return Err(Errno::EEXIST);
         }
@@ -684,27 +504,27 @@ impl Namespace {
         if self.nlink(src) >= u32::MAX - 1 {
             return Err(Errno::EMLINK);
         }
-        Ok(Outcome::Change(Box::new(Prepared {
+        Ok(Outcome::Change(Prepared {
             record: Record::Link {
                 parent: self.reader().ino(p.dir),
-                name: name.to_vec(),
+                name: Cow::Borrowed(name),
                 ino: self.reader().ino(src),
                 time,
             },
             plan: Plan {
-                dst: Some((preds, height)),
+                dst: Some(pred),
                 ..Plan::default()
             },
-        })))
+        }))
     }
 
-    fn prepare_unlink(
+    fn prepare_unlink<'a>(
         &mut self,
-        path: &[u8],
+        path: &'a [u8],
         rmdir: bool,
         hint: Option<&Hint>,
         time: i64,
-    ) -> Result<Outcome, Errno> {
+    ) -> Result<Outcome<'a>, Errno> {
         let p = self.parent_of(path, hint)?;
         let name = match (p.last, rmdir) {
             (Last::Name(n), _) => n,
@@ -716,7 +536,7 @@ impl Namespace {
         if name.len() > kucofs_common::index::NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        let (preds, found) = self.find_entry(p.dir, name, hint);
+        let (pred, found) = self.find_entry(p.dir, name, hint);
         if found == 0 {
             return Err(Errno::ENOENT);
         }
@@ -736,31 +556,31 @@ impl Namespace {
         } else if p.trailing_slash {
             return Err(Errno::ENOTDIR);
         }
-        Ok(Outcome::Change(Box::new(Prepared {
+        Ok(Outcome::Change(Prepared {
             record: Record::Unlink {
                 parent: r.ino(p.dir),
-                name: name.to_vec(),
+                name: Cow::Borrowed(name),
                 ino: attr.ino,
                 time,
             },
             plan: Plan {
-                src: Some(preds),
+                src: Some(pred),
                 src_found: found,
                 ..Plan::default()
             },
-        })))
+        }))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn prepare_rename(
+    fn prepare_rename<'a>(
         &mut self,
-        from: &[u8],
-        to: &[u8],
+        from: &'a [u8],
+        to: &'a [u8],
         noreplace: bool,
         hint_from: Option<&Hint>,
         hint_to: Option<&Hint>,
         time: i64,
-    ) -> Result<Outcome, Errno> {
+    ) -> Result<Outcome<'a>, Errno> {
         let sp = self.parent_of(from, hint_from)?;
         let dp = self.parent_of(to, hint_to)?;
         let Last::Name(sname) = sp.last else {
@@ -775,12 +595,12 @@ impl Namespace {
         };
         // Each name is checked where Linux looks it up: the source first.
         check_name(sname)?;
-        let (spreds, sfound) = self.find_entry(sp.dir, sname, hint_from);
+        let (spred, sfound) = self.find_entry(sp.dir, sname, hint_from);
         if sfound == 0 {
             return Err(Errno::ENOENT);
         }
         check_name(dname)?;
-        let (dpreds, dfound, height) = self.insert_point(dp.dir, name_hash(dname), dname, hint_to);
+        let (dpred, dfound) = self.insert_point(dp.dir, name_hash(dname), dname, hint_to);
         if noreplace && dfound != 0 {
             return Err(Errno::EEXIST);
         }
@@ -818,34 +638,34 @@ impl Namespace {
         }
         let sdir_ino = r.ino(sp.dir);
         let ddir_ino = r.ino(dp.dir);
-        Ok(Outcome::Change(Box::new(Prepared {
+        Ok(Outcome::Change(Prepared {
             record: Record::Rename {
                 src_parent: sdir_ino,
-                src_name: sname.to_vec(),
+                src_name: Cow::Borrowed(sname),
                 dst_parent: ddir_ino,
-                dst_name: dname.to_vec(),
+                dst_name: Cow::Borrowed(dname),
                 ino: r.ino(sinode),
                 time,
             },
             plan: Plan {
-                dst: Some((dpreds, height)),
+                dst: Some(dpred),
                 dst_found: dfound,
-                src: Some(spreds),
+                src: Some(spred),
                 src_found: sfound,
             },
-        })))
+        }))
     }
 
     // ---- applying changes ----------------------------------------------------------
 
     /// Applies a prepared change; its log entry must already be durable.
-    pub fn commit(&mut self, p: Prepared) -> Result<Reply, Errno> {
+    pub fn commit(&mut self, p: Prepared<'_>) -> Result<Reply, Errno> {
         self.apply_planned(&p.record, p.plan)
     }
 
     /// Applies a record read back from the log. Records already applied
     /// change nothing.
-    pub fn apply(&mut self, rec: &Record) -> Result<Reply, Errno> {
+    pub fn apply(&mut self, rec: &Record<'_>) -> Result<Reply, Errno> {
         self.apply_planned(rec, Plan::default())
     }
 
@@ -859,7 +679,7 @@ impl Namespace {
         }
     }
 
-    fn apply_planned(&mut self, rec: &Record, plan: Plan) -> Result<Reply, Errno> {
+    fn apply_planned(&mut self, rec: &Record<'_>, plan: Plan) -> Result<Reply, Errno> {
         match rec {
             Record::Create {
                 parent,
@@ -876,18 +696,18 @@ impl Namespace {
                 }
                 let dir = self.inode_of(*parent)?;
                 let kind = Kind::from_mode(*mode).ok_or(Errno::EINVAL)?;
-                let (preds, height) = match plan.dst {
-                    Some(d) => d,
+                let pred = match plan.dst {
+                    Some(p) => p,
                     None => {
-                        let (p, found, h) = self.insert_point(dir, name_hash(name), name, None);
+                        let (p, found) = self.insert_point(dir, name_hash(name), name, None);
                         if found != 0 {
                             return Err(Errno::EEXIST);
                         }
-                        (p, h)
+                        p
                     }
                 };
                 let inode = self.new_inode(*ino, *mode, *uid, *gid, *time, dir, target)?;
-                self.link_entry(dir, name, inode, &preds, height)?;
+                self.link_entry(dir, name, inode, pred)?;
                 self.touch_dir(dir, 1, i32::from(kind == Kind::Dir), *time)?;
                 Ok(self.reply_for(inode))
             }
@@ -899,19 +719,19 @@ impl Namespace {
             } => {
                 let dir = self.inode_of(*parent)?;
                 let inode = self.inode_of(*ino)?;
-                let (preds, height) = match plan.dst {
-                    Some(d) => d,
+                let pred = match plan.dst {
+                    Some(p) => p,
                     None => {
-                        let (p, found, h) = self.insert_point(dir, name_hash(name), name, None);
+                        let (p, found) = self.insert_point(dir, name_hash(name), name, None);
                         if found != 0 {
                             // Already applied (replay).
                             return Ok(self.reply_for(inode));
                         }
-                        (p, h)
+                        p
                     }
                 };
                 self.add_nlink(inode, 1, *time)?;
-                self.link_entry(dir, name, inode, &preds, height)?;
+                self.link_entry(dir, name, inode, pred)?;
                 self.touch_dir(dir, 1, 0, *time)?;
                 Ok(self.reply_for(inode))
             }
@@ -922,7 +742,7 @@ impl Namespace {
                 time,
             } => {
                 let dir = self.inode_of(*parent)?;
-                let (preds, found) = match plan.src {
+                let (pred, found) = match plan.src {
                     Some(p) => (p, plan.src_found),
                     None => self.find_entry(dir, name, None),
                 };
@@ -933,7 +753,7 @@ impl Namespace {
                 }
                 let inode = r.dirent_inode(found);
                 let is_dir = r.kind(inode) == Some(Kind::Dir);
-                self.unlink_entry(found, &preds)?;
+                self.unlink_entry(found, pred)?;
                 self.touch_dir(dir, -1, -i32::from(is_dir), *time)?;
                 if is_dir || self.add_nlink(inode, -1, *time)? == 0 {
                     self.drop_inode(inode)?;
@@ -1006,25 +826,25 @@ impl Namespace {
             return Ok(self.reply_for(inode));
         }
         let is_dir = r.kind(inode) == Some(Kind::Dir);
-        let (dpreds, dfound, height) = match plan.dst {
-            Some((p, h)) => (p, plan.dst_found, h),
+        let (dpred, dfound) = match plan.dst {
+            Some(p) => (p, plan.dst_found),
             None => self.insert_point(ddir, name_hash(dst_name), dst_name, None),
         };
         // The new name first: a reader finds the inode under at least one.
         let mut victim = 0;
         if dfound != 0 {
             victim = self.reader().dirent_inode(dfound);
-            self.replace_entry(ddir, dfound, &dpreds, inode)?;
+            self.replace_entry(ddir, dfound, dpred, inode)?;
         } else {
-            self.link_entry(ddir, dst_name, inode, &dpreds, height)?;
+            self.link_entry(ddir, dst_name, inode, dpred)?;
         }
-        // Then the old name, with predecessors found afresh: the insertion
-        // above may have become one of them.
+        // Then the old name, with its predecessor found afresh: the entry
+        // linked above may have become it.
         let s = self.reader().search(sdir, name_hash(src_name), src_name);
         if s.found != src_found {
             return Err(Errno::EIO);
         }
-        self.unlink_entry(src_found, &s.preds)?;
+        self.unlink_entry(src_found, s.pred)?;
         let moved_dir = i32::from(is_dir && sdir != ddir);
         self.touch_dir(sdir, -1, -moved_dir, time)?;
         self.touch_dir(ddir, i64::from(dfound == 0), moved_dir, time)?;
@@ -1082,13 +902,14 @@ impl Namespace {
         if self.reader().kind(dir) != Some(Kind::Dir) {
             return Err(Errno::ENOTDIR);
         }
-        let (preds, found, height) = self.insert_point(dir, name_hash(name), name, None);
+        let (pred, found) = self.insert_point(dir, name_hash(name), name, None);
         if found != 0 {
             return Err(Errno::EEXIST);
         }
-        self.link_entry(dir, name, inode, &preds, height)?;
+        self.link_entry(dir, name, inode, pred)?;
         let entries = self.reader().attr(dir).ok_or(Errno::EIO)?.entries + 1;
         self.update(dir, |a| a.put(dir + I_ENTRIES, entries))?;
+        self.maybe_grow(dir)?;
         if self.reader().kind(inode) == Some(Kind::Dir) {
             if self.reader().parent(inode) != 0 {
                 // A directory with two names.
@@ -1148,10 +969,12 @@ impl Namespace {
     pub fn execute(&mut self, req: &Request<'_>, creds: Creds) -> Result<Reply, Errno> {
         match self.prepare(req, creds)? {
             Outcome::Done(r) => Ok(r),
-            Outcome::Change(p) => self.commit(*p),
+            Outcome::Change(p) => self.commit(p),
         }
     }
 }
+
+mod dir;
 
 #[cfg(test)]
 mod tests;

@@ -4,44 +4,46 @@
 //! value the change chose (inode number, time), so replay is deterministic;
 //! each is also idempotent, so replaying one already applied changes nothing.
 
+use std::borrow::Cow;
+
 pub use kucofs_common::proto::SetAttrs;
 use kucofs_common::Errno;
 
 /// One metadata change.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Record {
+pub enum Record<'a> {
     /// A new inode `ino` named `name` in directory `parent`.
     Create {
         parent: u64,
-        name: Vec<u8>,
+        name: Cow<'a, [u8]>,
         ino: u64,
         mode: u32,
         uid: u32,
         gid: u32,
         time: i64,
         /// A symlink's target (empty otherwise).
-        target: Vec<u8>,
+        target: Cow<'a, [u8]>,
     },
     /// A new name for existing inode `ino`.
     Link {
         parent: u64,
-        name: Vec<u8>,
+        name: Cow<'a, [u8]>,
         ino: u64,
         time: i64,
     },
     /// Removal of the name (of a file, symlink or empty directory `ino`).
     Unlink {
         parent: u64,
-        name: Vec<u8>,
+        name: Cow<'a, [u8]>,
         ino: u64,
         time: i64,
     },
     /// Move of `ino` from one name to another, replacing what was there.
     Rename {
         src_parent: u64,
-        src_name: Vec<u8>,
+        src_name: Cow<'a, [u8]>,
         dst_parent: u64,
-        dst_name: Vec<u8>,
+        dst_name: Cow<'a, [u8]>,
         ino: u64,
         time: i64,
     },
@@ -114,12 +116,12 @@ impl<'a> Reader<'a> {
             self.take(8)?.try_into().map_err(|_| Errno::EPROTO)?,
         ))
     }
-    pub(crate) fn bytes(&mut self, max: usize) -> Result<Vec<u8>, Errno> {
+    pub(crate) fn bytes(&mut self, max: usize) -> Result<&'a [u8], Errno> {
         let n = self.u32()? as usize;
         if n > max {
             return Err(Errno::EPROTO);
         }
-        Ok(self.take(n)?.to_vec())
+        self.take(n)
     }
     fn opt32(&mut self) -> Result<Option<u32>, Errno> {
         let some = self.u32()?;
@@ -139,7 +141,71 @@ impl<'a> Reader<'a> {
 const NAME: usize = kucofs_common::index::NAME_MAX;
 const PATH: usize = kucofs_common::index::PATH_MAX;
 
-impl Record {
+impl<'a> Record<'a> {
+    /// The record with its byte strings copied, free of what it borrowed.
+    pub fn into_owned(self) -> Record<'static> {
+        let own = |c: Cow<'a, [u8]>| Cow::Owned(c.into_owned());
+        match self {
+            Record::Create {
+                parent,
+                name,
+                ino,
+                mode,
+                uid,
+                gid,
+                time,
+                target,
+            } => Record::Create {
+                parent,
+                name: own(name),
+                ino,
+                mode,
+                uid,
+                gid,
+                time,
+                target: own(target),
+            },
+            Record::Link {
+                parent,
+                name,
+                ino,
+                time,
+            } => Record::Link {
+                parent,
+                name: own(name),
+                ino,
+                time,
+            },
+            Record::Unlink {
+                parent,
+                name,
+                ino,
+                time,
+            } => Record::Unlink {
+                parent,
+                name: own(name),
+                ino,
+                time,
+            },
+            Record::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                ino,
+                time,
+            } => Record::Rename {
+                src_parent,
+                src_name: own(src_name),
+                dst_parent,
+                dst_name: own(dst_name),
+                ino,
+                time,
+            },
+            Record::SetAttr { ino, attrs, time } => Record::SetAttr { ino, attrs, time },
+        }
+    }
+
     /// The record's operation code.
     pub fn op(&self) -> u16 {
         match self {
@@ -219,22 +285,22 @@ impl Record {
     }
 
     /// Decodes a payload of operation `op`; `EPROTO` if it is malformed.
-    pub fn decode(op: u16, payload: &[u8]) -> Result<Record, Errno> {
+    pub fn decode(op: u16, payload: &'a [u8]) -> Result<Record<'a>, Errno> {
         let mut r = Reader::new(payload);
         let rec = match op {
             op::CREATE => Record::Create {
                 parent: r.u64()?,
-                name: r.bytes(NAME)?,
+                name: Cow::Borrowed(r.bytes(NAME)?),
                 ino: r.u64()?,
                 mode: r.u32()?,
                 uid: r.u32()?,
                 gid: r.u32()?,
                 time: r.u64()? as i64,
-                target: r.bytes(PATH)?,
+                target: Cow::Borrowed(r.bytes(PATH)?),
             },
             op::LINK | op::UNLINK => {
                 let parent = r.u64()?;
-                let name = r.bytes(NAME)?;
+                let name = Cow::Borrowed(r.bytes(NAME)?);
                 let ino = r.u64()?;
                 let time = r.u64()? as i64;
                 if op == op::LINK {
@@ -255,9 +321,9 @@ impl Record {
             }
             op::RENAME => Record::Rename {
                 src_parent: r.u64()?,
-                src_name: r.bytes(NAME)?,
+                src_name: Cow::Borrowed(r.bytes(NAME)?),
                 dst_parent: r.u64()?,
-                dst_name: r.bytes(NAME)?,
+                dst_name: Cow::Borrowed(r.bytes(NAME)?),
                 ino: r.u64()?,
                 time: r.u64()? as i64,
             },
@@ -287,11 +353,11 @@ mod tests {
 
     use super::*;
 
-    fn name() -> impl Strategy<Value = Vec<u8>> {
-        proptest::collection::vec(any::<u8>(), 0..=255)
+    fn name() -> impl Strategy<Value = Cow<'static, [u8]>> {
+        proptest::collection::vec(any::<u8>(), 0..=255).prop_map(Cow::Owned)
     }
 
-    fn record() -> impl Strategy<Value = Record> {
+    fn record() -> impl Strategy<Value = Record<'static>> {
         prop_oneof![
             (
                 any::<u64>(),

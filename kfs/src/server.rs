@@ -7,6 +7,13 @@
 //! after [`ServerConfig::yield_for`] it sleeps on the doorbell until a
 //! client rings. On a 2-core machine a spinning Kfs takes a core from the
 //! application, so the spin window is short.
+//!
+//! In embedded mode a client thread may also apply its request itself,
+//! through [`Direct`], when Kfs is idle: it takes the lock the Kfs thread
+//! holds while serving, so there is still exactly one writer at a time and
+//! every change takes the same path (check, durable log entry, apply), but
+//! the request crosses no core. When the lock is busy the request queues in
+//! its slot as usual.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,9 +22,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kucofs_common::channel::{Doorbell, Segment, SLOTS};
-use kucofs_common::proto::{Creds, Reply, RequestKind, REQUEST_MAX};
+use kucofs_common::proto::{Creds, Reply, Request, RequestKind, REQUEST_MAX};
 use parking_lot::Mutex;
 
+use crate::provision::Provisioner;
 use crate::volume::Volume;
 use crate::{Error, Result};
 
@@ -46,6 +54,8 @@ impl Default for ServerConfig {
 }
 
 const KINDS: usize = RequestKind::ALL.len();
+/// One request in this many is timed.
+const SAMPLE: u64 = 8;
 
 fn kind_index(k: RequestKind) -> usize {
     RequestKind::ALL
@@ -60,10 +70,13 @@ pub struct Stats {
     started: Instant,
     busy_ns: AtomicU64,
     count: [AtomicU64; KINDS],
+    /// Requests timed, and their total time.
+    timed: [AtomicU64; KINDS],
     ns: [AtomicU64; KINDS],
     checkpoints: AtomicU64,
     reclaimed: AtomicU64,
     hints: [AtomicU64; 3],
+    direct: AtomicU64,
 }
 
 impl Stats {
@@ -72,11 +85,42 @@ impl Stats {
             started: Instant::now(),
             busy_ns: AtomicU64::new(0),
             count: Default::default(),
+            timed: Default::default(),
             ns: Default::default(),
             checkpoints: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             hints: Default::default(),
+            direct: AtomicU64::new(0),
         }
+    }
+
+    /// Runs `f`, a request of `kind`, counting it, and timing one request
+    /// in [`SAMPLE`] (two clock reads per request would cost a few percent
+    /// of a create); each timed one stands for [`SAMPLE`] requests.
+    fn served<R>(&self, kind: RequestKind, f: impl FnOnce() -> R) -> R {
+        let i = kind_index(kind);
+        let n = self.count[i].fetch_add(1, Ordering::Relaxed);
+        // Pseudo-random, not periodic: costly requests that recur with a
+        // period (a table doubling every 2^k entries) must be sampled too.
+        if n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 61 != 0 {
+            return f();
+        }
+        let t0 = Instant::now();
+        let r = f();
+        let ns = t0.elapsed().as_nanos() as u64;
+        self.timed[i].fetch_add(1, Ordering::Relaxed);
+        self.ns[i].fetch_add(ns, Ordering::Relaxed);
+        self.busy_ns.fetch_add(ns * SAMPLE, Ordering::Relaxed);
+        r
+    }
+
+    fn note_volume(&self, volume: &Volume) {
+        let h = volume.namespace().hint_stats();
+        self.hints[0].store(h.used, Ordering::Relaxed);
+        self.hints[1].store(h.stale, Ordering::Relaxed);
+        self.hints[2].store(h.absent, Ordering::Relaxed);
+        self.checkpoints
+            .store(volume.checkpoints(), Ordering::Relaxed);
     }
 
     /// A copy of the counters now.
@@ -85,11 +129,11 @@ impl Stats {
             .iter()
             .enumerate()
             .map(|(i, &k)| {
-                (
-                    k,
-                    self.count[i].load(Ordering::Relaxed),
-                    self.ns[i].load(Ordering::Relaxed),
-                )
+                let n = self.count[i].load(Ordering::Relaxed);
+                let timed = self.timed[i].load(Ordering::Relaxed).max(1);
+                // Total service time, extrapolated from the timed requests.
+                let ns = self.ns[i].load(Ordering::Relaxed) as u128 * n as u128 / timed as u128;
+                (k, n, ns as u64)
             })
             .filter(|&(_, n, _)| n > 0)
             .collect();
@@ -102,6 +146,7 @@ impl Stats {
             hints_used: self.hints[0].load(Ordering::Relaxed),
             hints_stale: self.hints[1].load(Ordering::Relaxed),
             hints_absent: self.hints[2].load(Ordering::Relaxed),
+            direct: self.direct.load(Ordering::Relaxed),
         }
     }
 }
@@ -113,7 +158,8 @@ pub struct StatsSnapshot {
     pub uptime: Duration,
     /// Time spent serving requests.
     pub busy: Duration,
-    /// Per request type: (type, count, total service time in ns).
+    /// Per request type: (type, count, total service time in ns, estimated
+    /// from one request in 8).
     pub per_kind: Vec<(RequestKind, u64, u64)>,
     /// Checkpoints taken.
     pub checkpoints: u64,
@@ -125,6 +171,8 @@ pub struct StatsSnapshot {
     pub hints_stale: u64,
     /// Lookups in requests that came without addresses.
     pub hints_absent: u64,
+    /// Requests applied directly by client threads (embedded mode).
+    pub direct: u64,
 }
 
 impl StatsSnapshot {
@@ -147,8 +195,9 @@ impl fmt::Display for StatsSnapshot {
         let pct = self.busy.as_secs_f64() * 100.0 / self.uptime.as_secs_f64().max(1e-9);
         writeln!(
             f,
-            "kfs: {} requests in {:.1?} ({pct:.1}% busy), {} checkpoints, {} items reclaimed",
+            "kfs: {} requests ({} applied directly by client threads) in {:.1?} ({pct:.1}% busy), {} checkpoints, {} items reclaimed",
             self.served(),
+            self.direct,
             self.uptime,
             self.checkpoints,
             self.reclaimed
@@ -188,6 +237,33 @@ pub struct Kfs {
     stats: Arc<Stats>,
     clients: Arc<Mutex<Vec<Client>>>,
     new_clients: Arc<AtomicBool>,
+    volume: Shared,
+}
+
+/// The volume, locked by whoever applies requests (the Kfs thread, or a
+/// client thread applying directly). `None` once Kfs has stopped.
+type Shared = Arc<Mutex<Option<Volume>>>;
+
+/// A client thread's way to apply requests itself while Kfs is idle
+/// (embedded mode only: the caller runs Kfs's code in Kfs's process).
+#[derive(Debug, Clone)]
+pub struct Direct {
+    volume: Shared,
+    stats: Arc<Stats>,
+}
+
+impl Direct {
+    /// Applies `req` on the calling thread if nobody else is applying one;
+    /// `None` if the volume is busy (queue the request instead) or Kfs has
+    /// stopped.
+    pub fn try_apply(&self, req: &Request<'_>, creds: Creds) -> Option<Reply> {
+        let mut guard = self.volume.try_lock()?;
+        let volume = guard.as_mut()?;
+        let reply = self.stats.served(req.kind(), || volume.handle(req, creds));
+        self.stats.direct.fetch_add(1, Ordering::Relaxed);
+        self.stats.note_volume(volume);
+        Some(reply)
+    }
 }
 
 impl Kfs {
@@ -198,33 +274,40 @@ impl Kfs {
         let stats = Arc::new(Stats::new());
         let clients = Arc::new(Mutex::new(Vec::new()));
         let new_clients = Arc::new(AtomicBool::new(false));
-        let io = |e| Error::Region(e);
+        let shared: Shared = Arc::new(Mutex::new(Some(volume)));
+        let io = Error::Region;
         let bell = doorbell.map_again().map_err(io)?;
         let thread = {
-            let (stop, crash, stats, clients, new_clients) = (
+            let (stop, crash, stats, clients, new_clients, shared) = (
                 stop.clone(),
                 crash.clone(),
                 stats.clone(),
                 clients.clone(),
                 new_clients.clone(),
+                shared.clone(),
             );
             std::thread::Builder::new()
                 .name("kfs".into())
                 .spawn(move || {
+                    let provision = shared.lock().as_ref().map(Volume::provisioner);
                     let mut s = Server {
-                        volume,
+                        provision,
+                        volume: shared.clone(),
                         clients: Vec::new(),
                         doorbell: bell,
                         stats,
                         config,
                     };
                     s.run(&stop, &clients, &new_clients);
-                    if crash.load(Ordering::Acquire) {
+                    let volume = shared.lock().take();
+                    match volume {
                         // A simulated crash: no checkpoint, no clean flag.
-                        drop(s.volume);
-                        Ok(())
-                    } else {
-                        s.volume.close()
+                        Some(v) if crash.load(Ordering::Acquire) => {
+                            drop(v);
+                            Ok(())
+                        }
+                        Some(v) => v.close(),
+                        None => Ok(()),
                     }
                 })
                 .map_err(|e| {
@@ -243,7 +326,17 @@ impl Kfs {
             stats,
             clients,
             new_clients,
+            volume: shared,
         })
+    }
+
+    /// A handle for applying requests directly from client threads of this
+    /// process.
+    pub fn direct(&self) -> Direct {
+        Direct {
+            volume: self.volume.clone(),
+            stats: self.stats.clone(),
+        }
     }
 
     /// Adds a client; Kfs serves it from its next poll.
@@ -293,7 +386,8 @@ impl Drop for Kfs {
 }
 
 struct Server {
-    volume: Volume,
+    provision: Option<Provisioner>,
+    volume: Shared,
     clients: Vec<Client>,
     doorbell: Doorbell,
     stats: Arc<Stats>,
@@ -305,6 +399,9 @@ impl Server {
         let mut buf = [0u8; REQUEST_MAX];
         let mut last_work = Instant::now();
         let mut since_reclaim = 0u32;
+        let mut polls = 0u32;
+        let mut direct_seen = 0u64;
+        let mut last_direct = Instant::now();
         loop {
             if new_clients.swap(false, Ordering::AcqRel) {
                 self.clients.append(&mut incoming.lock());
@@ -322,6 +419,24 @@ impl Server {
             if stop.load(Ordering::Acquire) {
                 return;
             }
+            // The clock is read every 64 empty polls, not every one.
+            polls = polls.wrapping_add(1);
+            if polls % 64 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Polling backs off by the time since the last queued request;
+            // an idle checkpoint also waits for direct requests to stop.
+            let direct = self.stats.direct.load(Ordering::Relaxed);
+            if direct != direct_seen {
+                direct_seen = direct;
+                last_direct = Instant::now();
+            }
+            // Nothing queued: make pages ready ahead of use, a chunk at a
+            // time (direct requests keep allocating while Kfs is idle).
+            if self.provision.as_mut().is_some_and(Provisioner::step) {
+                continue;
+            }
             let idle = last_work.elapsed();
             if idle < self.config.spin {
                 std::hint::spin_loop();
@@ -329,13 +444,22 @@ impl Server {
                 std::thread::yield_now();
             } else {
                 self.reclaim();
-                if idle >= self.config.idle_checkpoint
-                    && self.volume.checkpoint_if_dirty().unwrap_or(false)
-                {
-                    self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                if idle.min(last_direct.elapsed()) >= self.config.idle_checkpoint {
+                    if let Some(v) = self.volume.lock().as_mut() {
+                        if v.checkpoint_if_dirty().unwrap_or(false) {
+                            self.stats.note_volume(v);
+                        }
+                    }
                 }
                 let clients = &self.clients;
-                self.doorbell.sleep(self.config.sleep, || {
+                // While client threads apply directly, wake often enough to
+                // keep provisioning ahead of them.
+                let nap = if last_direct.elapsed() < self.config.sleep {
+                    self.config.spin.max(std::time::Duration::from_micros(500))
+                } else {
+                    self.config.sleep
+                };
+                self.doorbell.sleep(nap, || {
                     stop.load(Ordering::Acquire)
                         || new_clients.load(Ordering::Acquire)
                         || clients.iter().any(|c| c.segment.any_pending())
@@ -346,55 +470,46 @@ impl Server {
 
     fn poll(&mut self, buf: &mut [u8; REQUEST_MAX]) -> u32 {
         let mut served = 0;
-        let Server {
-            volume,
-            clients,
-            stats,
-            ..
-        } = self;
-        for c in clients.iter() {
+        let mut guard = None;
+        for c in &self.clients {
             for w in 0..SLOTS / 64 {
                 let mut bits = c.segment.take_pending(w);
+                if bits == 0 {
+                    continue;
+                }
+                // The volume is locked only while there is work, so client
+                // threads may apply directly whenever Kfs is idle.
+                let g = guard.get_or_insert_with(|| self.volume.lock());
+                let Some(volume) = g.as_mut() else {
+                    return served;
+                };
                 while bits != 0 {
                     let slot = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     let creds = c.creds;
-                    c.segment.serve(slot, buf, |req| {
-                        let t0 = Instant::now();
-                        let (kind, reply) = match req {
-                            Ok(r) => (r.kind(), volume.handle(&r, creds)),
-                            Err(e) => (RequestKind::Malformed, Reply::err(e)),
-                        };
-                        let ns = t0.elapsed().as_nanos() as u64;
-                        let i = kind_index(kind);
-                        stats.count[i].fetch_add(1, Ordering::Relaxed);
-                        stats.ns[i].fetch_add(ns, Ordering::Relaxed);
-                        stats.busy_ns.fetch_add(ns, Ordering::Relaxed);
-                        reply
+                    let stats = &self.stats;
+                    c.segment.serve(slot, buf, |req| match req {
+                        Ok(r) => stats.served(r.kind(), || volume.handle(&r, creds)),
+                        Err(e) => stats.served(RequestKind::Malformed, || Reply::err(e)),
                     });
                     served += 1;
                 }
             }
         }
-        if served > 0 {
-            let h = volume.namespace().hint_stats();
-            stats.hints[0].store(h.used, Ordering::Relaxed);
-            stats.hints[1].store(h.stale, Ordering::Relaxed);
-            stats.hints[2].store(h.absent, Ordering::Relaxed);
-            stats
-                .checkpoints
-                .store(volume.checkpoints(), Ordering::Relaxed);
+        if let Some(v) = guard.as_ref().and_then(|g| g.as_ref()) {
+            self.stats.note_volume(v);
         }
         served
     }
 
     fn reclaim(&mut self) {
-        if self.volume.namespace().arena().retired() == 0 {
+        let mut guard = self.volume.lock();
+        let Some(volume) = guard.as_mut() else { return };
+        if volume.namespace().arena().retired() == 0 {
             return;
         }
-        let clients = &self.clients;
-        let epochs = clients.iter().flat_map(|c| c.segment.epochs());
-        if let Ok(n) = self.volume.namespace_mut().reclaim(epochs) {
+        let epochs = self.clients.iter().flat_map(|c| c.segment.epochs());
+        if let Ok(n) = volume.namespace_mut().reclaim(epochs) {
             self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
         }
     }

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kucofs_common::format::{scan_log, Geometry, Superblock};
+use kucofs_common::format::{scan_log_with, Geometry, Superblock};
 use kucofs_common::pm::{Hardware, Persist};
 use kucofs_common::proto::{Creds, Reply, Request};
 use kucofs_common::Errno;
@@ -42,29 +42,43 @@ pub fn recover(
         }
         None => Namespace::new(Creds::default(), 0).map_err(|e| format!("index: {e}"))?,
     };
-    let mut log = vec![0u8; g.log.len() as usize];
-    if !read(g.log.offset(), &mut log) {
-        return Err("the log area is outside the image".into());
-    }
-    let entries = scan_log(&log, sb.log_seq);
     let mut replayed = Replayed::default();
-    for (at, h) in &entries {
-        let start = *at as usize + kucofs_common::format::LOG_ENTRY_HEADER_SIZE;
-        let payload = &log[start..start + h.len as usize];
-        let rec = Record::decode(h.op, payload).map_err(|e| {
-            format!(
-                "log entry {} (sequence {}): undecodable: {e:?}",
-                replayed.entries, h.seq
-            )
-        })?;
-        ns.apply(&rec).map_err(|e| {
-            format!(
-                "log entry {} (sequence {}): replay failed: {e:?}",
-                replayed.entries, h.seq
-            )
-        })?;
-        replayed.entries += 1;
-        replayed.bytes = at + h.footprint();
+    let mut failure = None;
+    let base = g.log.offset();
+    scan_log_with(
+        g.log.len(),
+        sb.log_seq,
+        |at, buf| read(base + at, buf),
+        |at, h, payload| {
+            if failure.is_some() {
+                return;
+            }
+            let applied = Record::decode(h.op, payload)
+                .map_err(|e| {
+                    format!(
+                        "log entry {} (sequence {}): undecodable: {e:?}",
+                        replayed.entries, h.seq
+                    )
+                })
+                .and_then(|rec| {
+                    ns.apply(&rec).map_err(|e| {
+                        format!(
+                            "log entry {} (sequence {}): replay failed: {e:?}",
+                            replayed.entries, h.seq
+                        )
+                    })
+                });
+            match applied {
+                Ok(_) => {
+                    replayed.entries += 1;
+                    replayed.bytes = at + h.footprint();
+                }
+                Err(why) => failure = Some(why),
+            }
+        },
+    );
+    if let Some(why) = failure {
+        return Err(why);
     }
     ns.rebuild_free_inos();
     Ok((ns, replayed))
@@ -145,6 +159,16 @@ impl Volume {
         &self.log
     }
 
+    /// Background page provisioning for this volume's index and log.
+    pub fn provisioner(&self) -> crate::provision::Provisioner {
+        crate::provision::Provisioner::new(
+            self.ns.arena().shm_handle(),
+            self.image.region_handle(),
+            self.log.area(),
+            self.log.position_handle(),
+        )
+    }
+
     /// What recovery replayed when the volume was opened.
     pub fn replayed(&self) -> Replayed {
         self.replayed
@@ -172,11 +196,14 @@ impl Volume {
             Outcome::Done(r) => return Ok(r),
             Outcome::Change(p) => p,
         };
-        if !self.log.fits(&p.record) {
+        if !self.log.prepare(&p.record) {
             self.checkpoint()?;
+            if !self.log.prepare(&p.record) {
+                return Err(Errno::ENOSPC);
+            }
         }
-        self.log.append(self.image.region(), &p.record)?;
-        let reply = self.ns.commit(*p)?;
+        self.log.append_prepared(self.image.region())?;
+        let reply = self.ns.commit(p)?;
         if self.log.fill() > self.log.capacity() / 4 * 3 {
             // Best effort: a failed checkpoint leaves the log to fill up,
             // and the next change that does not fit retries it.

@@ -12,12 +12,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::channel::{Doorbell, Segment, SLOTS};
 use kucofs_common::format::{Geometry, CHECKPOINT_HEADER_SIZE};
-use kucofs_common::index::layout::{header_gen, MAX_HEIGHT};
+use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{name_hash, IndexReader, Kind, Last, NAME_MAX};
 use kucofs_common::pm::{RegionView, ShmView};
 use kucofs_common::proto::{Creds, Hint, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
-use kucofs_kfs::{Client, Kfs, ServerConfig, StatsSnapshot, Volume};
+use kucofs_kfs::{Client, Direct, Kfs, ServerConfig, StatsSnapshot, Volume};
 use parking_lot::Mutex;
 
 use crate::dir::ReadDir;
@@ -30,6 +30,11 @@ pub struct Config {
     /// (collaborative indexing). Off: send bare paths and let Kfs resolve
     /// them, to measure what the addresses save.
     pub collaborative: bool,
+    /// Let a thread apply its own request when Kfs is idle, instead of
+    /// handing it to the Kfs thread and waiting (embedded mode; the request
+    /// takes the same checked, logged path under Kfs's lock). Off: every
+    /// change crosses to the Kfs thread through the request slots.
+    pub direct: bool,
     /// Bits cleared from the mode of everything created (like a process's
     /// umask). By default, the process's umask when the handle is opened.
     pub umask: u32,
@@ -41,6 +46,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             collaborative: true,
+            direct: true,
             umask: process_umask(),
             server: ServerConfig::default(),
         }
@@ -89,6 +95,7 @@ pub(crate) struct Inner {
     doorbell: Doorbell,
     free_slots: Mutex<Vec<usize>>,
     kfs: Mutex<Option<Kfs>>,
+    direct: Option<Direct>,
     config: Config,
     creds: Creds,
     geometry: Geometry,
@@ -151,6 +158,12 @@ impl Inner {
         Ok(out)
     }
 
+    /// Applies `req` on this thread if Kfs is idle (see [`Config::direct`]).
+    fn try_direct(&self, req: &Request<'_>) -> Option<io::Result<Reply>> {
+        let reply = self.direct.as_ref()?.try_apply(req, self.creds)?;
+        Some(reply.result().map_err(err))
+    }
+
     fn call(self: &Arc<Self>, req: &Request<'_>) -> io::Result<Reply> {
         let slot = self.slot()?;
         self.segment
@@ -173,19 +186,10 @@ impl Inner {
             return None;
         }
         let s = r.search(p.dir, name_hash(name), name);
-        let head = r.dir_head(p.dir);
-        // Levels above the highest non-head predecessor all start at the
-        // head, which Kfs fills in itself.
-        let npreds = s
-            .preds
-            .iter()
-            .rposition(|&x| x != head)
-            .map_or(1, |i| i + 1);
         Some(Hint {
             dir: p.dir,
             dir_gen: header_gen(r.header(p.dir)),
-            npreds: npreds.min(MAX_HEIGHT) as u32,
-            preds: s.preds,
+            pred: s.pred,
             found: s.found,
             found_gen: if s.found != 0 {
                 header_gen(r.header(s.found))
@@ -238,6 +242,7 @@ impl Fs {
             gid: rustix::process::getegid().as_raw(),
         };
         let kfs = Kfs::start(volume, &doorbell, config.server).map_err(kfs_err)?;
+        let direct = config.direct.then(|| kfs.direct());
         kfs.attach(Client {
             segment: segment.map_again().map_err(common_err)?,
             creds,
@@ -251,6 +256,7 @@ impl Fs {
                 doorbell,
                 free_slots: Mutex::new((0..SLOTS).rev().collect()),
                 kfs: Mutex::new(Some(kfs)),
+                direct,
                 config,
                 creds,
                 geometry,
@@ -286,11 +292,16 @@ impl Fs {
         self.inner.config
     }
 
+    /// Sends a change to Kfs: applied directly if Kfs is idle; else queued,
+    /// with the addresses found for `path` if collaborative indexing is on.
     fn change<'p>(
         &self,
         path: &'p [u8],
-        make: impl FnOnce(Option<Hint>) -> Request<'p>,
+        make: impl Fn(Option<Hint>) -> Request<'p>,
     ) -> io::Result<Reply> {
+        if let Some(r) = self.inner.try_direct(&make(None)) {
+            return r;
+        }
         let hint = if self.inner.config.collaborative {
             self.inner.with_index(|r| self.inner.hint(&r, path))?
         } else {
@@ -383,21 +394,23 @@ impl Fs {
 
     fn rename_inner(&self, from: &Path, to: &Path, noreplace: bool) -> io::Result<()> {
         let (f, t) = (bytes(from), bytes(to));
+        let make = |hint_from, hint_to| Request::Rename {
+            from: f,
+            to: t,
+            noreplace,
+            hint_from,
+            hint_to,
+        };
+        if let Some(r) = self.inner.try_direct(&make(None, None)) {
+            return r.map(drop);
+        }
         let (hint_from, hint_to) = if self.inner.config.collaborative {
             self.inner
                 .with_index(|r| (self.inner.hint(&r, f), self.inner.hint(&r, t)))?
         } else {
             (None, None)
         };
-        self.inner
-            .call(&Request::Rename {
-                from: f,
-                to: t,
-                noreplace,
-                hint_from,
-                hint_to,
-            })
-            .map(drop)
+        self.inner.call(&make(hint_from, hint_to)).map(drop)
     }
 
     /// Renames `from` to `to`, replacing `to` if it exists (POSIX rules).
@@ -497,13 +510,15 @@ impl Fs {
     }
 
     fn set_attr(&self, path: &Path, follow: bool, attrs: SetAttrs) -> io::Result<()> {
-        self.inner
-            .call(&Request::SetAttr {
-                path: bytes(path),
-                follow,
-                attrs,
-            })
-            .map(drop)
+        let req = Request::SetAttr {
+            path: bytes(path),
+            follow,
+            attrs,
+        };
+        match self.inner.try_direct(&req) {
+            Some(r) => r.map(drop),
+            None => self.inner.call(&req).map(drop),
+        }
     }
 
     /// Changes permission bits (following symlinks).

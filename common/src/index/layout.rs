@@ -9,22 +9,32 @@
 //! item header word (every item, offset 0):
 //!   bits 0..16 tag | bits 16..32 size class | bits 32..64 generation
 //!
-//! inode (128 bytes)           dirent (48 + 8*height + name bytes)
+//! inode (128 bytes)           dirent (56 + name bytes)
 //!   8  ino                      8  hash       (key, with the name)
 //!  16  seq (sequence lock)     16  inode      (offset of the inode)
 //!  24  mode u32, nlink u32     24  ino
 //!  32  uid u32, gid u32        32  dir        (offset of the directory's inode)
-//!  40  size                    40  name_len u16 | height u8 | kind u8
-//!  48  atime, mtime, ctime     48  next[height] (offsets; 0 = end)
-//!  72  data (dir: list head;   48 + 8*height: name
+//!  40  size                    40  name_len u16 | kind u8 (bits 24..32)
+//!  48  atime, mtime, ctime     48  next       (offset; 0 = end)
+//!  72  data (dir: list head;   56  name
 //!       symlink: target item)
 //!  80  parent (dir: its parent's inode)
 //!  88  entries (dir: entry count)
 //!  96  btime (creation)
+//! 104  buckets (dir: bucket table)
 //! ```
 //!
-//! A directory's skip list starts at a head item shaped like a dirent of
-//! height [`MAX_HEIGHT`] with an empty name and hash 0, below every key.
+//! A directory is a **hash-indexed sorted list**: one singly linked list of
+//! entries ordered by key (hash, name), starting at a head item, plus a
+//! table of `2^bits` buckets. Bucket `b` covers the hashes whose top `bits`
+//! bits are `b`, and its slot points at a permanent *sentinel* in the list
+//! with key (first hash of the bucket, empty name), below every entry of
+//! the bucket; slot 0 points at the head. A search jumps to its bucket's
+//! sentinel and walks a couple of nodes. When the entries outgrow the table
+//! (more than [`LOAD`] per bucket), Kfs builds a table of twice the size,
+//! adding a sentinel in the middle of every old bucket, publishes it, and
+//! retires the old one. Sentinels and the head are dirent-shaped items with
+//! an empty name, so a walk treats them as nodes and a listing skips them.
 
 /// "KucoIDX1".
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KucoIDX1");
@@ -54,6 +64,10 @@ pub const TAG_INODE: u16 = 1;
 pub const TAG_DIRENT: u16 = 2;
 /// Tag of a directory's list head.
 pub const TAG_DIRHEAD: u16 = 3;
+/// Tag of a bucket sentinel in a directory's list.
+pub const TAG_SENTINEL: u16 = 7;
+/// Tag of a directory's bucket table.
+pub const TAG_BUCKETS: u16 = 8;
 /// Tag of a symlink target.
 pub const TAG_SYMLINK: u16 = 4;
 /// Tag of the inode table's top level.
@@ -112,8 +126,10 @@ pub const I_PARENT: u64 = 80;
 pub const I_ENTRIES: u64 = 88;
 #[allow(missing_docs)]
 pub const I_BTIME: u64 = 96;
+/// Directories: offset of the bucket table.
+pub const I_BUCKETS: u64 = 104;
 
-// Directory entry and list head.
+// Directory entry, sentinel and list head.
 #[allow(missing_docs)]
 pub const D_HASH: u64 = 8;
 #[allow(missing_docs)]
@@ -122,28 +138,41 @@ pub const D_INODE: u64 = 16;
 pub const D_INO: u64 = 24;
 #[allow(missing_docs)]
 pub const D_DIR: u64 = 32;
-/// name_len (bits 0..16) | height (16..24) | kind (24..32).
+/// name_len (bits 0..16) | kind (bits 24..32).
 pub const D_SHAPE: u64 = 40;
-/// First forward link.
+/// The next node in key order.
 pub const D_NEXT: u64 = 48;
-/// In a list head (instead of a hash): how many levels are in use. Only
-/// grows; a reader that sees an older value searches from a lower level,
-/// which is slower but still finds everything.
-pub const H_LEVELS: u64 = D_HASH;
-/// Highest skip-list level + 1.
-pub const MAX_HEIGHT: usize = 20;
+/// The name's bytes.
+pub const D_NAME: u64 = 56;
 
 /// Packs a dirent's shape word.
-pub const fn shape(name_len: u16, height: u8, kind: u8) -> u64 {
-    name_len as u64 | (height as u64) << 16 | (kind as u64) << 24
+pub const fn shape(name_len: u16, kind: u8) -> u64 {
+    name_len as u64 | (kind as u64) << 24
 }
-/// Bytes of a dirent of this height and name length.
-pub const fn dirent_size(height: usize, name_len: usize) -> u64 {
-    D_NEXT + 8 * height as u64 + name_len as u64
+/// Bytes of a dirent with a name of this length.
+pub const fn dirent_size(name_len: usize) -> u64 {
+    D_NAME + name_len as u64
 }
-/// Offset of the name inside a dirent of this height.
-pub const fn dirent_name(height: usize) -> u64 {
-    D_NEXT + 8 * height as u64
+
+// Bucket table.
+/// log2 of the number of buckets.
+pub const B_BITS: u64 = 8;
+/// First slot.
+pub const B_SLOTS: u64 = 16;
+/// Buckets a new directory starts with (log2).
+pub const BUCKET_BITS_MIN: u32 = 2;
+/// Most buckets a directory can have (log2): 2^24 slots, 128 MiB.
+pub const BUCKET_BITS_MAX: u32 = 24;
+/// Entries per bucket beyond which the table doubles.
+pub const LOAD: u64 = 2;
+
+/// The bucket of a key hash in a table of `2^bits` buckets.
+pub const fn bucket(hash: u64, bits: u32) -> u64 {
+    hash >> (63 - bits)
+}
+/// The first hash of bucket `b` (the key of its sentinel).
+pub const fn bucket_start(b: u64, bits: u32) -> u64 {
+    b << (63 - bits)
 }
 
 // Symlink target.

@@ -117,13 +117,14 @@ pub struct DirEntryInfo {
     pub kind: Kind,
 }
 
-/// The outcome of a skip-list search for a key: the rightmost node before
-/// the key at every level, and the node holding the key if there is one.
+/// The outcome of a search for a key in a directory: the last node before
+/// the key (an entry, a sentinel or the head), and the entry holding the key
+/// if there is one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Search {
-    /// Predecessor at each level (the head where nothing precedes).
-    pub preds: [u64; MAX_HEIGHT],
-    /// The dirent with exactly this key, or 0.
+    /// The node after which the key is, or would be, linked.
+    pub pred: u64,
+    /// The entry with exactly this key, or 0.
     pub found: u64,
 }
 
@@ -282,23 +283,22 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         )
     }
 
-    /// A dirent's (or head's) forward link at `level`.
-    pub fn next(&self, node: u64, level: usize) -> u64 {
+    /// The node after `node` in key order (0 at the end).
+    #[inline]
+    pub fn next(&self, node: u64) -> u64 {
         // Acquire pairs with Kfs's Release store when it links a node, so
         // the node's fields are visible once its offset is.
-        self.mem.load_u64(
-            node.wrapping_add(D_NEXT + 8 * level as u64),
-            Ordering::Acquire,
-        )
+        self.mem
+            .load_u64(node.wrapping_add(D_NEXT), Ordering::Acquire)
     }
 
-    /// A dirent's height.
-    pub fn height(&self, node: u64) -> usize {
-        ((self
-            .mem
+    /// True for a sentinel or a list head (an empty-named node).
+    #[inline]
+    pub fn is_marker(&self, node: u64) -> bool {
+        self.mem
             .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed)
-            >> 16)
-            & 0xff) as usize
+            & 0xffff
+            == 0
     }
 
     /// Copies a dirent's name into `buf` and returns its length.
@@ -307,11 +307,7 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
             .mem
             .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed);
         let len = ((shape & 0xffff) as usize).min(NAME_MAX);
-        let height = ((shape >> 16) & 0xff) as usize;
-        if !self
-            .mem
-            .read(node.wrapping_add(dirent_name(height)), &mut buf[..len])
-        {
+        if !self.mem.read(node.wrapping_add(D_NAME), &mut buf[..len]) {
             return 0;
         }
         len
@@ -320,7 +316,9 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// Compares a dirent's key with (`hash`, `name`).
     #[inline]
     pub fn cmp_key(&self, node: u64, hash: u64, name: &[u8]) -> Cmp {
-        let h = self.mem.load_u64(node.wrapping_add(D_HASH), Ordering::Relaxed);
+        let h = self
+            .mem
+            .load_u64(node.wrapping_add(D_HASH), Ordering::Relaxed);
         match h.cmp(&hash) {
             Cmp::Equal => self.cmp_name(node, name),
             other => other,
@@ -330,13 +328,14 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// Compares a dirent's name with `name` (same hash: almost always the
     /// same name), in place.
     fn cmp_name(&self, node: u64, name: &[u8]) -> Cmp {
-        let shape = self.mem.load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed);
+        let shape = self
+            .mem
+            .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed);
         let len = ((shape & 0xffff) as usize).min(NAME_MAX);
-        let height = ((shape >> 16) & 0xff) as usize;
         let common = len.min(name.len());
         match self
             .mem
-            .cmp_bytes(node.wrapping_add(dirent_name(height)), &name[..common])
+            .cmp_bytes(node.wrapping_add(D_NAME), &name[..common])
         {
             Some(Cmp::Equal) => len.cmp(&name.len()),
             Some(other) => other,
@@ -344,66 +343,56 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         }
     }
 
-    /// The head of a directory's skip list (0 if `dir` is not a directory).
+    /// The head of a directory's list (0 if `dir` is not a directory).
     pub fn dir_head(&self, dir: u64) -> u64 {
         self.mem
             .load_u64(dir.wrapping_add(I_DATA), Ordering::Acquire)
     }
 
-    /// Levels in use in the list starting at `head`.
-    pub fn levels(&self, head: u64) -> usize {
-        (self.mem.load_u64(head.wrapping_add(H_LEVELS), Ordering::Acquire) as usize).clamp(1, MAX_HEIGHT)
+    /// The sentinel (or head) that starts `hash`'s bucket in `dir`.
+    #[inline]
+    pub fn bucket_start(&self, dir: u64, hash: u64) -> u64 {
+        // Acquire pairs with Kfs's Release store of a new table: its slots
+        // and sentinels are visible once the table is.
+        let table = self
+            .mem
+            .load_u64(dir.wrapping_add(I_BUCKETS), Ordering::Acquire);
+        let bits = self
+            .mem
+            .load_u64(table.wrapping_add(B_BITS), Ordering::Relaxed) as u32;
+        if table == 0 || !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits) {
+            return self.dir_head(dir);
+        }
+        let slot = table.wrapping_add(B_SLOTS + 8 * bucket(hash, bits));
+        match self.mem.load_u64(slot, Ordering::Acquire) {
+            0 => self.dir_head(dir),
+            s => s,
+        }
     }
 
-    /// Searches directory `dir` for the key (`hash`, `name`).
+    /// Searches directory `dir` for the key (`hash`, `name`), from the
+    /// sentinel of its bucket.
     pub fn search(&self, dir: u64, hash: u64, name: &[u8]) -> Search {
-        let mut s = Search {
-            preds: [0; MAX_HEIGHT],
-            found: 0,
-        };
-        let head = self.dir_head(dir);
-        if head == 0 {
-            return s;
+        self.search_from(self.bucket_start(dir, hash), hash, name)
+    }
+
+    /// Searches for the key walking from `start`, a node below it.
+    pub fn search_from(&self, start: u64, hash: u64, name: &[u8]) -> Search {
+        let mut x = start;
+        if x == 0 {
+            return Search { pred: 0, found: 0 };
         }
-        let top = self.levels(head);
-        s.preds[top..].fill(head);
-        let mut x = head;
-        // The last node found not below the key: when a lower level leads
-        // to it again, no comparison is needed.
-        let mut known_not_less = 0;
-        let mut found = 0;
-        for level in (0..top).rev() {
-            loop {
-                let nx = self.next(x, level);
-                if nx == 0 || nx == known_not_less {
-                    break;
-                }
-                match self.cmp_key(nx, hash, name) {
-                    Cmp::Less => x = nx,
-                    Cmp::Equal => {
-                        found = nx;
-                        known_not_less = nx;
-                        break;
-                    }
-                    Cmp::Greater => {
-                        known_not_less = nx;
-                        break;
-                    }
-                }
+        loop {
+            let nx = self.next(x);
+            if nx == 0 {
+                return Search { pred: x, found: 0 };
             }
-            s.preds[level] = x;
-        }
-        // Confirm at level 0 (a node seen equal at a higher level is still
-        // linked at level 0 unless removed meanwhile).
-        if found != 0 && self.next(x, 0) == found {
-            s.found = found;
-        } else {
-            let candidate = self.next(x, 0);
-            if candidate != 0 && candidate != found && self.cmp_key(candidate, hash, name) == Cmp::Equal {
-                s.found = candidate;
+            match self.cmp_key(nx, hash, name) {
+                Cmp::Less => x = nx,
+                Cmp::Equal => return Search { pred: x, found: nx },
+                Cmp::Greater => return Search { pred: x, found: 0 },
             }
         }
-        s
     }
 
     /// Looks `name` up in directory `dir`: the dirent's offset, or 0.
@@ -455,21 +444,28 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
                 if s.found != 0 {
                     s.found
                 } else {
-                    s.preds[0]
+                    s.pred
                 }
             }
         };
         if x == 0 {
             return false;
         }
-        for _ in 0..max {
-            x = self.next(x, 0);
+        let mut taken = 0;
+        loop {
+            x = self.next(x);
             if x == 0 {
                 return false;
             }
+            if self.is_marker(x) {
+                continue;
+            }
+            if taken == max {
+                return true;
+            }
             out.push(self.dirent(x));
+            taken += 1;
         }
-        self.next(x, 0) != 0
     }
 
     /// A symlink's target, or `None` if `inode` is not a symlink.

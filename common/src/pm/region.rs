@@ -49,6 +49,8 @@ pub struct Region {
     map: Mapping,
     mode: MapMode,
     persist: Arc<dyn Persist>,
+    /// Made by `create` from a truncated file: every byte reads as zero.
+    zeroed: bool,
 }
 
 impl fmt::Debug for Region {
@@ -92,6 +94,7 @@ impl Region {
             .open(path)
             .map_err(|e| Error::io("create image", path, e))?;
         lock(&file, path, FlockOperation::NonBlockingLockExclusive)?;
+        let zeroed = !device;
         if device {
             let have = device_len(&file, path)?;
             if have < size {
@@ -107,7 +110,9 @@ impl Region {
                 .and_then(|()| file.set_len(size))
                 .map_err(|e| Error::io("resize image", path, e))?;
         }
-        Region::map(path, file, size, persist)
+        let mut region = Region::map(path, file, size, persist)?;
+        region.zeroed = zeroed;
+        Ok(region)
     }
 
     /// Opens an existing image: exclusive lock, read-write mapping of its
@@ -136,6 +141,7 @@ impl Region {
             map,
             mode,
             persist,
+            zeroed: false,
         };
         region.persist.attach(region.media());
         Ok(region)
@@ -151,6 +157,12 @@ impl Region {
     /// The image's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// True if the region was just created from a truncated file, so every
+    /// byte reads as zero without being written (a reused device is not).
+    pub fn is_fresh(&self) -> bool {
+        self.zeroed
     }
 
     /// Length of the mapping in bytes.
@@ -241,6 +253,13 @@ impl Region {
     pub fn write_persist(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write(offset, data)?;
         self.persist(offset, data.len() as u64)
+    }
+
+    /// Allocates and maps the pages of a range now rather than at their
+    /// first store (emulated regions allocate memory on first touch; a
+    /// batch costs far less than a fault per page). Contents are unchanged.
+    pub fn prefault(&self, offset: u64, len: u64) {
+        self.map.populate(offset, len);
     }
 
     /// A second, read-only mapping of the same image, as a client maps it.

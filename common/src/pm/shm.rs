@@ -30,6 +30,8 @@ pub trait Words {
     fn read(&self, offset: u64, buf: &mut [u8]) -> bool;
     /// Compares the bytes at `offset` with `other` (`None` if out of range).
     fn cmp_bytes(&self, offset: u64, other: &[u8]) -> Option<std::cmp::Ordering>;
+    /// Starts loading the cache line at `offset` (a hint).
+    fn prefetch(&self, offset: u64);
 }
 
 /// The owner of a shared segment: maps it read-write and may grow it.
@@ -196,6 +198,15 @@ impl Shm {
         self.map.read(offset, buf)
     }
 
+    /// Allocates and maps the pages of a range now rather than at their
+    /// first touch.
+    pub fn populate(&self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len).min(self.len());
+        if end > offset {
+            self.map.populate(offset, end - offset);
+        }
+    }
+
     /// Stores the 8-byte word at `offset`.
     pub fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<()> {
         self.check(offset, 8)?;
@@ -270,6 +281,12 @@ impl Words for Shm {
         self.check(offset, other.len() as u64).ok()?;
         self.map.cmp_bytes(offset, other).ok()
     }
+    #[inline]
+    fn prefetch(&self, offset: u64) {
+        if offset < self.len() {
+            self.map.prefetch(offset);
+        }
+    }
 }
 
 /// A read-only mapping of a shared segment. Its reads are checked against
@@ -296,6 +313,10 @@ impl Words for ShmView {
     #[inline]
     fn cmp_bytes(&self, offset: u64, other: &[u8]) -> Option<std::cmp::Ordering> {
         self.map.cmp_bytes(offset, other).ok()
+    }
+    #[inline]
+    fn prefetch(&self, offset: u64) {
+        self.map.prefetch(offset);
     }
 }
 

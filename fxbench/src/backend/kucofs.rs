@@ -2,8 +2,9 @@
 //! the benchmark process, on an image under `/dev/shm` made for the run and
 //! removed afterwards.
 //!
-//! Options: `nohints` (collaborative indexing off: Kfs resolves every path
-//! itself), `size=SIZE` (the image's size, default 8G; the file is sparse),
+//! Options: `queued` (every change goes to the Kfs thread through the
+//! request slots, even when Kfs is idle), `nohints` (collaborative indexing
+//! off: Kfs resolves every queued path itself), `size=SIZE` (the image's size, default 8G; the file is sparse),
 //! `image=PATH` (where to make it).
 
 use std::collections::BTreeMap;
@@ -51,6 +52,7 @@ impl KucofsBackend {
         for opt in arg.split(',').filter(|o| !o.is_empty()) {
             match opt.split_once('=') {
                 None if opt == "nohints" => config.collaborative = false,
+                None if opt == "queued" => config.direct = false,
                 Some(("size", v)) => {
                     size = parse_size(v)
                         .ok_or_else(|| bad(format!("size `{v}` is not a size like 8G")))?
@@ -58,7 +60,7 @@ impl KucofsBackend {
                 Some(("image", v)) => image = PathBuf::from(v),
                 _ => {
                     return Err(bad(format!(
-                        "unknown option `{opt}` (expected nohints, size=SIZE or image=PATH)"
+                        "unknown option `{opt}` (expected queued, nohints, size=SIZE or image=PATH)"
                     )))
                 }
             }

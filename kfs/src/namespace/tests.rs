@@ -82,8 +82,7 @@ fn hint_for(ns: &Namespace, path: &str) -> Hint {
     Hint {
         dir: p.dir,
         dir_gen: header_gen(r.header(p.dir)),
-        npreds: MAX_HEIGHT as u32,
-        preds: s.preds,
+        pred: s.pred,
         found: s.found,
         found_gen: if s.found != 0 {
             header_gen(r.header(s.found))
@@ -313,20 +312,22 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     let good = hint_for(&ns, "d/x");
     let used = ns.arena().used();
     let forged = [
+        // Out of range, into the middle of an item, at an inode, past the
+        // end of the arena.
         Hint {
-            preds: [u64::MAX; MAX_HEIGHT],
+            pred: u64::MAX,
             ..good
         },
         Hint {
-            preds: [good.preds[0] + 8; MAX_HEIGHT],
+            pred: good.pred + 8,
             ..good
         },
         Hint {
-            preds: [good.dir; MAX_HEIGHT],
+            pred: good.dir,
             ..good
         },
         Hint {
-            preds: [used + 4096; MAX_HEIGHT],
+            pred: used + 4096,
             ..good
         },
         Hint {
@@ -342,7 +343,11 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
             dir: ns.reader().root(),
             ..good
         },
-        Hint { npreds: 99, ..good },
+        // A node of another directory's list.
+        Hint {
+            pred: ns.reader().dir_head(ns.reader().root()),
+            ..good
+        },
     ];
     for (i, h) in forged.iter().enumerate() {
         let path = format!("d/x{i}");
@@ -469,8 +474,8 @@ fn replaying_records_twice_changes_nothing_the_second_time() {
         },
     ] {
         if let Outcome::Change(p) = a.prepare(&req, ME).unwrap() {
-            log.push(p.record.clone());
-            a.commit(*p).unwrap();
+            log.push(p.record.clone().into_owned());
+            a.commit(p).unwrap();
         }
     }
     let mut b = Namespace::new(Creds::default(), 1).unwrap();

@@ -99,14 +99,14 @@ fn a_tree_survives_a_clean_close_and_a_crash() {
 fn checkpoints_taken_as_the_log_fills_lose_nothing() {
     let dir = shm_dir();
     let path = dir.path().join("img");
-    // An 8 MiB image has a 256 KiB log: checkpoints come every ~1500 changes.
+    // An 8 MiB image has a 512 KiB log: a checkpoint every ~3000 changes.
     crate::mkfs(&path, 8 << 20, false).unwrap();
     let mut v = Volume::open(&path).unwrap();
     create(&mut v, "d", true);
-    for i in 0..4000 {
+    for i in 0..8000 {
         let r = create(&mut v, &format!("d/file-with-a-longish-name-{i}"), false);
         assert_eq!(r.errno, 0, "create {i}");
-        if i % 3 == 0 {
+        if i % 2 == 0 {
             let p = format!("d/file-with-a-longish-name-{i}");
             assert_eq!(
                 v.handle(
@@ -127,7 +127,7 @@ fn checkpoints_taken_as_the_log_fills_lose_nothing() {
     drop(v);
     let v = Volume::open(&path).unwrap();
     assert_eq!(tree(v.namespace()), expected);
-    assert_eq!(expected.len(), 1 + 2666);
+    assert_eq!(expected.len(), 1 + 4000);
 }
 
 #[test]

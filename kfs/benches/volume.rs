@@ -1,0 +1,99 @@
+//! Kfs's service time `L` for metadata requests, measured by calling the
+//! volume directly on one thread (no channel, no second core): creates with
+//! and without pre-located addresses, stat-free unlinks, and the log append
+//! alone.
+//!
+//! Run: `cargo bench -p kucofs-kfs --bench volume`.
+
+use std::hint::black_box;
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use kucofs_common::index::layout::header_gen;
+use kucofs_common::index::{name_hash, Last};
+use kucofs_common::proto::{Creds, Hint, Request};
+use kucofs_kfs::Volume;
+
+fn volume() -> (tempfile::TempDir, Volume) {
+    let dir = tempfile::Builder::new()
+        .prefix("kucofs-bench-")
+        .tempdir_in("/dev/shm")
+        .expect("temp dir");
+    let path = dir.path().join("img");
+    kucofs_kfs::mkfs(&path, 4 << 30, false).expect("mkfs");
+    let mut v = Volume::open(&path).expect("open");
+    let r = v.handle(
+        &Request::Create {
+            path: b"d",
+            mode: libc::S_IFDIR | 0o755,
+            target: b"",
+            hint: None,
+        },
+        Creds::default(),
+    );
+    assert_eq!(r.errno, 0);
+    (dir, v)
+}
+
+fn hint(v: &Volume, path: &[u8]) -> Hint {
+    let r = v.namespace().reader();
+    let p = r.resolve_parent(path).unwrap();
+    let Last::Name(name) = p.last else { panic!() };
+    let s = r.search(p.dir, name_hash(name), name);
+    Hint {
+        dir: p.dir,
+        dir_gen: header_gen(r.header(p.dir)),
+        pred: s.pred,
+        found: s.found,
+        found_gen: if s.found != 0 {
+            header_gen(r.header(s.found))
+        } else {
+            0
+        },
+    }
+}
+
+fn create(c: &mut Criterion) {
+    let mut g = c.benchmark_group("kfs");
+    for with_hint in [true, false] {
+        let (_dir, mut v) = volume();
+        let mut i = 0u64;
+        let name = if with_hint {
+            "create (pre-located)"
+        } else {
+            "create (path only)"
+        };
+        // Only `handle` is timed; the hint is computed outside the clock, as
+        // a client computes it. Growth of tables and arena is amortized over
+        // the iterations, as it is in a real run.
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    i += 1;
+                    let path = format!("d/f{i}").into_bytes();
+                    let h = with_hint.then(|| hint(&v, &path));
+                    let req = Request::Create {
+                        path: &path,
+                        mode: libc::S_IFREG | 0o644,
+                        target: b"",
+                        hint: h,
+                    };
+                    let t0 = Instant::now();
+                    black_box(v.handle(&req, Creds::default()));
+                    total += t0.elapsed();
+                }
+                total
+            })
+        });
+    }
+    let (_dir, mut v) = volume();
+    g.bench_function("ping", |b| {
+        b.iter(|| black_box(v.handle(&Request::Ping, Creds::default())))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, create);
+criterion_main!(benches);

@@ -1,0 +1,274 @@
+//! Directory lists as Kfs changes them (see the index layout for the
+//! structure): creating and dropping a directory's head, sentinels and
+//! bucket table, checking a client's pre-located node or searching, and
+//! linking, replacing and unlinking entries so that lock-free readers always
+//! see a well-formed list.
+
+use std::cmp::Ordering as Cmp;
+
+use kucofs_common::index::layout::*;
+use kucofs_common::index::{name_hash, Kind};
+use kucofs_common::pm::Words;
+use kucofs_common::proto::Hint;
+use kucofs_common::Errno;
+
+use super::Namespace;
+
+impl Namespace {
+    /// Makes the head, the first bucket table and its sentinels of a new
+    /// directory, before the directory is reachable.
+    pub(super) fn new_dir_list(&mut self, dir: u64) -> Result<(), Errno> {
+        let a = &mut self.arena;
+        let head = a.alloc(TAG_DIRHEAD, dirent_size(0))?;
+        a.put(head + D_DIR, dir)?;
+        a.put(head + D_INODE, dir)?;
+        a.put(head + D_SHAPE, shape(0, Kind::Dir.to_byte()))?;
+        let bits = BUCKET_BITS_MIN;
+        let table = a.alloc(TAG_BUCKETS, B_SLOTS + (8 << bits))?;
+        a.put(table + B_BITS, u64::from(bits))?;
+        a.put(table + B_SLOTS, head)?;
+        // Sentinels in key order, linked from the last one back, so each is
+        // complete before anything points at it.
+        let mut next = 0;
+        for b in (1..1u64 << bits).rev() {
+            let s = a.alloc(TAG_SENTINEL, dirent_size(0))?;
+            a.put(s + D_HASH, bucket_start(b, bits))?;
+            a.put(s + D_DIR, dir)?;
+            a.put(s + D_NEXT, next)?;
+            a.put(table + B_SLOTS + 8 * b, s)?;
+            next = s;
+        }
+        a.put(head + D_NEXT, next)?;
+        a.put(dir + I_DATA, head)?;
+        a.put(dir + I_BUCKETS, table)
+    }
+
+    /// Retires an empty directory's head, sentinels and table.
+    pub(super) fn drop_dir_list(&mut self, dir: u64) -> Result<(), Errno> {
+        let r = self.arena.reader();
+        let head = r.dir_head(dir);
+        let mut markers = Vec::new();
+        let mut x = r.next(head);
+        while x != 0 {
+            if !r.is_marker(x) {
+                return Err(Errno::ENOTEMPTY);
+            }
+            markers.push(x);
+            x = r.next(x);
+        }
+        let table = self.arena.get(dir + I_BUCKETS);
+        for m in markers {
+            self.arena.retire(m)?;
+        }
+        self.arena.retire(table)?;
+        self.arena.retire(head)
+    }
+
+    /// True if `node` is a live node of `dir`'s list (entry, sentinel or
+    /// head). Each check runs only if the ones before it passed, so a forged
+    /// offset is never used beyond its header.
+    fn is_node_of(&self, node: u64, dir: u64) -> bool {
+        let r = self.arena.reader();
+        (r.is_live(node, TAG_DIRENT, None)
+            || r.is_live(node, TAG_SENTINEL, None)
+            || r.is_live(node, TAG_DIRHEAD, None))
+            && self.arena.get(node + D_DIR) == dir
+    }
+
+    /// Where a new key goes in `dir`: the node to link it after, checked
+    /// from a hint or searched, and the entry already holding the key (0 if
+    /// none).
+    pub(super) fn insert_point(
+        &mut self,
+        dir: u64,
+        hash: u64,
+        name: &[u8],
+        hint: Option<&Hint>,
+    ) -> (u64, u64) {
+        if let Some(h) = hint {
+            let r = self.arena.reader();
+            let ok = h.dir == dir
+                && self.is_node_of(h.pred, dir)
+                && r.cmp_key(h.pred, hash, name) == Cmp::Less
+                && {
+                    let nx = r.next(h.pred);
+                    nx == 0 || r.cmp_key(nx, hash, name) == Cmp::Greater
+                };
+            if ok {
+                self.hints.used += 1;
+                return (h.pred, 0);
+            }
+            self.hints.stale += 1;
+        } else {
+            self.hints.absent += 1;
+        }
+        let s = self.arena.reader().search(dir, hash, name);
+        (s.pred, s.found)
+    }
+
+    /// The entry named `name` in `dir` and the node before it, checked from
+    /// a hint or searched; a found offset of 0 if there is none.
+    pub(super) fn find_entry(&mut self, dir: u64, name: &[u8], hint: Option<&Hint>) -> (u64, u64) {
+        if let Some(h) = hint {
+            let r = self.arena.reader();
+            let f = h.found;
+            let ok = h.dir == dir
+                && f != 0
+                && r.is_live(f, TAG_DIRENT, Some(h.found_gen))
+                && self.arena.get(f + D_DIR) == dir
+                && r.cmp_key(f, name_hash(name), name) == Cmp::Equal
+                && self.is_node_of(h.pred, dir)
+                && r.next(h.pred) == f;
+            if ok {
+                self.hints.used += 1;
+                return (h.pred, f);
+            }
+            self.hints.stale += 1;
+        } else {
+            self.hints.absent += 1;
+        }
+        let s = self.arena.reader().search(dir, name_hash(name), name);
+        (s.pred, s.found)
+    }
+
+    /// A new entry item for `inode` named `name` in `dir`, not yet linked.
+    fn new_entry(
+        &mut self,
+        dir: u64,
+        hash: u64,
+        name: &[u8],
+        inode: u64,
+        next: u64,
+    ) -> Result<u64, Errno> {
+        let r = self.arena.reader();
+        let ino = r.ino(inode);
+        let kind = r.kind(inode).ok_or(Errno::EIO)?;
+        let a = &mut self.arena;
+        let node = a.alloc(TAG_DIRENT, dirent_size(name.len()))?;
+        a.put(node + D_HASH, hash)?;
+        a.put(node + D_INODE, inode)?;
+        a.put(node + D_INO, ino)?;
+        a.put(node + D_DIR, dir)?;
+        a.put(node + D_SHAPE, shape(name.len() as u16, kind.to_byte()))?;
+        a.put_bytes(node + D_NAME, name)?;
+        a.put(node + D_NEXT, next)?;
+        Ok(node)
+    }
+
+    /// Links a new entry for `inode` into `dir` after `pred`.
+    pub(super) fn link_entry(
+        &mut self,
+        dir: u64,
+        name: &[u8],
+        inode: u64,
+        pred: u64,
+    ) -> Result<u64, Errno> {
+        let next = self.arena.reader().next(pred);
+        let node = self.new_entry(dir, name_hash(name), name, inode, next)?;
+        // Release: the node is fully written before a reader can reach it
+        // (readers Acquire `next`).
+        self.arena.put(pred + D_NEXT, node)?;
+        Ok(node)
+    }
+
+    /// Swaps entry `old` (after `pred`) for a new one of the same name
+    /// naming `inode`, in one store, so the name never vanishes.
+    pub(super) fn replace_entry(
+        &mut self,
+        dir: u64,
+        old: u64,
+        pred: u64,
+        inode: u64,
+    ) -> Result<u64, Errno> {
+        let r = self.arena.reader();
+        if r.next(pred) != old {
+            return Err(Errno::EIO);
+        }
+        let info = r.dirent(old);
+        let next = r.next(old);
+        let node = self.new_entry(dir, info.hash, &info.name, inode, next)?;
+        self.arena.put(pred + D_NEXT, node)?;
+        self.arena.retire(old)?;
+        Ok(node)
+    }
+
+    /// Unlinks entry `node` (after `pred`) and retires it. Its own link
+    /// stays intact, so a reader standing on it walks on.
+    pub(super) fn unlink_entry(&mut self, node: u64, pred: u64) -> Result<(), Errno> {
+        let r = self.arena.reader();
+        if r.next(pred) != node {
+            return Err(Errno::EIO);
+        }
+        self.arena.put(pred + D_NEXT, r.next(node))?;
+        self.arena.retire(node)
+    }
+
+    /// Doubles `dir`'s bucket table once its entries outgrow it: a sentinel
+    /// goes into the middle of every bucket, then the new table is
+    /// published and the old one retired. Readers still using the old table
+    /// walk past the new sentinels as ordinary nodes.
+    pub(super) fn maybe_grow(&mut self, dir: u64) -> Result<(), Errno> {
+        let table = self.arena.get(dir + I_BUCKETS);
+        let bits = self.arena.get(table + B_BITS) as u32;
+        let entries = self.arena.get(dir + I_ENTRIES);
+        if bits >= BUCKET_BITS_MAX || entries <= LOAD << bits {
+            return Ok(());
+        }
+        let nb = bits + 1;
+        let new = self.arena.alloc(TAG_BUCKETS, B_SLOTS + (8 << nb))?;
+        self.arena.put(new + B_BITS, u64::from(nb))?;
+        // The new sentinels' places: for every old bucket, the last node
+        // before its middle. Each is a walk down one chain, a cache miss per
+        // node; the chains of a batch of buckets are walked in step, with
+        // each next node prefetched, so their misses overlap.
+        const BATCH: u64 = 32;
+        let buckets = 1u64 << bits;
+        let mut first = 0;
+        while first < buckets {
+            let n = BATCH.min(buckets - first) as usize;
+            let r = self.arena.reader();
+            let mut cur = [0u64; BATCH as usize];
+            let mut next = [0u64; BATCH as usize];
+            let mut done = [false; BATCH as usize];
+            for i in 0..n {
+                cur[i] = self.arena.get(table + B_SLOTS + 8 * (first + i as u64));
+                next[i] = r.next(cur[i]);
+                r.mem().prefetch(next[i] + D_HASH);
+            }
+            let mut left = n;
+            while left > 0 {
+                for i in 0..n {
+                    if done[i] {
+                        continue;
+                    }
+                    let mid = bucket_start(2 * (first + i as u64) + 1, nb);
+                    if next[i] == 0 || r.cmp_key(next[i], mid, b"") != Cmp::Less {
+                        done[i] = true;
+                        left -= 1;
+                    } else {
+                        cur[i] = next[i];
+                        next[i] = r.next(cur[i]);
+                        r.mem().prefetch(next[i] + D_HASH);
+                    }
+                }
+            }
+            for i in 0..n {
+                let b = first + i as u64;
+                let start = self.arena.get(table + B_SLOTS + 8 * b);
+                let s = self.arena.alloc(TAG_SENTINEL, dirent_size(0))?;
+                self.arena.put(s + D_HASH, bucket_start(2 * b + 1, nb))?;
+                self.arena.put(s + D_DIR, dir)?;
+                self.arena.put(s + D_NEXT, next[i])?;
+                // Release: the sentinel is complete before it is linked.
+                self.arena.put(cur[i] + D_NEXT, s)?;
+                self.arena.put(new + B_SLOTS + 16 * b, start)?;
+                self.arena.put(new + B_SLOTS + 16 * b + 8, s)?;
+            }
+            first += n as u64;
+        }
+        // Release: the table's slots are visible before the table (pairs
+        // with the Acquire in `bucket_start`).
+        self.arena.put(dir + I_BUCKETS, new)?;
+        self.arena.retire(table)
+    }
+}
