@@ -125,3 +125,56 @@ fn run(direct: bool) {
     let report = kucofs_kfs::fsck(Path::new(&image)).unwrap();
     assert!(report.problems.is_empty(), "{report}");
 }
+
+#[test]
+fn a_listing_during_changes_returns_every_stable_entry_exactly_once() {
+    let dir = tempfile::Builder::new()
+        .prefix("kucofs-conc-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let fs = Fs::create(dir.path().join("img"), 64 << 20).unwrap();
+    fs.create_dir("d").unwrap();
+    let stable: BTreeSet<String> = (0..3000).map(|i| format!("stable-{i}")).collect();
+    for name in &stable {
+        fs.create_file(format!("d/{name}")).unwrap();
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Churn: names come and go (and the bucket table doubles) while
+        // the listing runs.
+        let churn = s.spawn(|| {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                fs.create_file(format!("d/churn-{i}")).unwrap();
+                if i >= 50 {
+                    fs.remove_file(format!("d/churn-{}", i - 50)).unwrap();
+                }
+                i += 1;
+            }
+            i
+        });
+        for round in 0..5 {
+            let mut seen = Vec::new();
+            for e in fs.read_dir("d").unwrap() {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                if name.starts_with("stable-") {
+                    seen.push(name);
+                }
+                // Give the churn thread time to change the directory between
+                // the listing's visits.
+                if seen.len() % 100 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            let unique: BTreeSet<String> = seen.iter().cloned().collect();
+            assert_eq!(
+                unique.len(),
+                seen.len(),
+                "round {round}: an entry appeared twice"
+            );
+            assert_eq!(unique, stable, "round {round}: a stable entry is missing");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(churn.join().unwrap() > 50, "the churn thread did not run");
+    });
+}

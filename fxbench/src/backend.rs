@@ -97,7 +97,7 @@ pub const KINDS: &[Kind] = &[
     },
     Kind {
         name: "kucofs",
-        usage: "kucofs[:queued,nohints,size=SIZE,image=PATH]",
+        usage: "kucofs[:queued+nohints+size=SIZE+image=PATH]",
         about: "KucoFS with Kfs embedded, on a fresh image under /dev/shm",
         open: KucofsBackend::open_boxed,
     },

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::index::layout::*;
 use kucofs_common::index::{
-    check_name, name_hash, split_path, IndexReader, InodeAttr, Kind, Last, Parent, PATH_MAX,
+    check_name, name_hash, IndexReader, InodeAttr, Kind, Last, Parent, PATH_MAX,
 };
 use kucofs_common::pm::Shm;
 use kucofs_common::proto::{Creds, Hint, Reply, Request};
@@ -318,30 +318,13 @@ impl Namespace {
 
     // ---- resolving requests ----------------------------------------------------
 
-    /// The parent directory and last component of `path`: from a checked
-    /// hint, or by resolving the path.
-    fn parent_of<'p>(&mut self, path: &'p [u8], hint: Option<&Hint>) -> Result<Parent<'p>, Errno> {
-        if path.is_empty() {
-            return Err(Errno::ENOENT);
-        }
-        if path.len() >= PATH_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        let r = self.reader();
-        if let Some(h) = hint {
-            let (_, last, trailing_slash) = split_path(path);
-            if matches!(last, Last::Name(_))
-                && r.is_live(h.dir, TAG_INODE, Some(h.dir_gen))
-                && r.kind(h.dir) == Some(Kind::Dir)
-            {
-                return Ok(Parent {
-                    dir: h.dir,
-                    last,
-                    trailing_slash,
-                });
-            }
-        }
-        r.resolve_parent(path)
+    /// The parent directory and last component of `path`. Kfs always
+    /// resolves the parent itself (a walk over a few, usually cached,
+    /// directories): a client's pre-located addresses are used only if they
+    /// belong to that directory, and they save the costly part, the search
+    /// inside it.
+    fn parent_of<'p>(&self, path: &'p [u8]) -> Result<Parent<'p>, Errno> {
+        self.reader().resolve_parent(path)
     }
 
     fn is_ancestor_or_self(&self, ancestor: u64, mut dir: u64) -> bool {
@@ -432,7 +415,7 @@ impl Namespace {
         } else if !target.is_empty() {
             return Err(Errno::EINVAL);
         }
-        let p = self.parent_of(path, hint)?;
+        let p = self.parent_of(path)?;
         // The order of Linux's checks: "." and "..", then (for a regular
         // file, as open(O_CREAT) sees it) a trailing slash, then existence,
         // then (for symlinks) a trailing slash on a name that is free.
@@ -486,7 +469,7 @@ impl Namespace {
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
         let src = self.reader().resolve(from, false)?;
-        let p = self.parent_of(to, hint)?;
+        let p = self.parent_of(to)?;
         let Last::Name(name) = p.last else {
             return Err(Errno::EEXIST);
         };
@@ -525,7 +508,7 @@ impl Namespace {
         hint: Option<&Hint>,
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
-        let p = self.parent_of(path, hint)?;
+        let p = self.parent_of(path)?;
         let name = match (p.last, rmdir) {
             (Last::Name(n), _) => n,
             (_, false) => return Err(Errno::EISDIR),
@@ -581,8 +564,8 @@ impl Namespace {
         hint_to: Option<&Hint>,
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
-        let sp = self.parent_of(from, hint_from)?;
-        let dp = self.parent_of(to, hint_to)?;
+        let sp = self.parent_of(from)?;
+        let dp = self.parent_of(to)?;
         let Last::Name(sname) = sp.last else {
             return Err(Errno::EBUSY);
         };

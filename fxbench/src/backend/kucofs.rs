@@ -1,8 +1,8 @@
-//! `kucofs[:OPTION,...]`: KucoFS through its library, with Kfs embedded in
+//! `kucofs[:OPTION+...]`: KucoFS through its library, with Kfs embedded in
 //! the benchmark process, on an image under `/dev/shm` made for the run and
 //! removed afterwards.
 //!
-//! Options: `queued` (every change goes to the Kfs thread through the
+//! Options, joined with `+` (commas separate backends): `queued` (every change goes to the Kfs thread through the
 //! request slots, even when Kfs is idle), `nohints` (collaborative indexing
 //! off: Kfs resolves every queued path itself), `size=SIZE` (the image's size, default 8G; the file is sparse),
 //! `image=PATH` (where to make it).
@@ -49,7 +49,7 @@ impl KucofsBackend {
             "/dev/shm/fxbench-kucofs-{}.img",
             std::process::id()
         ));
-        for opt in arg.split(',').filter(|o| !o.is_empty()) {
+        for opt in arg.split('+').filter(|o| !o.is_empty()) {
             match opt.split_once('=') {
                 None if opt == "nohints" => config.collaborative = false,
                 None if opt == "queued" => config.direct = false,

@@ -1,0 +1,261 @@
+//! Requests a buggy or hostile client could send, straight into a request
+//! slot of a running Kfs: forged pre-located addresses (out of range, into
+//! the middle of an item, at an item of the wrong type, at a freed item,
+//! with a wrong generation) and invalid names and paths. Each is refused
+//! with an errno, or — for addresses, which Kfs checks and then ignores —
+//! gives exactly the result the path alone gives; meanwhile another client
+//! thread keeps being served, and the file system stays consistent.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kucofs_common::channel::{Doorbell, Segment};
+use kucofs_common::index::layout::header_gen;
+use kucofs_common::index::{name_hash, IndexReader};
+use kucofs_common::proto::{Creds, Hint, Request};
+use kucofs_common::Errno;
+use kucofs_kfs::{Client, Kfs, ServerConfig, Volume};
+
+fn create<'a>(path: &'a [u8], hint: Option<Hint>) -> Request<'a> {
+    Request::Create {
+        path,
+        mode: libc::S_IFREG | 0o644,
+        target: b"",
+        hint,
+    }
+}
+
+#[test]
+fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
+    let dir = tempfile::Builder::new()
+        .prefix("kucofs-bad-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let image = dir.path().join("img");
+    kucofs_kfs::mkfs(&image, 64 << 20, false).unwrap();
+    let volume = Volume::open(&image).unwrap();
+    let index = volume.namespace().shm().view().unwrap();
+    let bell = Doorbell::create().unwrap();
+    let kfs = Kfs::start(volume, &bell, ServerConfig::default()).unwrap();
+    let seg = Segment::create().unwrap();
+    kfs.attach(Client {
+        segment: seg.map_again().unwrap(),
+        creds: Creds::default(),
+    });
+    let call = |slot: usize, req: &Request<'_>| seg.call(slot, &bell, req).and_then(|r| r.result());
+    let r = IndexReader::new(&index);
+
+    call(
+        0,
+        &Request::Create {
+            path: b"d",
+            mode: libc::S_IFDIR | 0o755,
+            target: b"",
+            hint: None,
+        },
+    )
+    .unwrap();
+    for i in 0..100 {
+        call(0, &create(format!("d/f{i}").as_bytes(), None)).unwrap();
+    }
+    let d = r.resolve(b"d", true).unwrap();
+    let f5 = r.lookup(d, b"f5");
+    let good = |name: &[u8]| {
+        let s = r.search(d, name_hash(name), name);
+        Hint {
+            dir: d,
+            dir_gen: header_gen(r.header(d)),
+            pred: s.pred,
+            found: s.found,
+            found_gen: if s.found != 0 {
+                header_gen(r.header(s.found))
+            } else {
+                0
+            },
+        }
+    };
+    // An entry removed and reclaimed, whose address a client kept.
+    let stale = good(b"f7");
+    call(
+        0,
+        &Request::Unlink {
+            path: b"d/f7",
+            rmdir: false,
+            hint: None,
+        },
+    )
+    .unwrap();
+
+    let stop = AtomicBool::new(false);
+    // Stops the other client even if a check below fails, so the failure
+    // is reported instead of the scope waiting forever.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|s| {
+        // Another client thread, served throughout.
+        let other = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let p = format!("other-{n}");
+                call(1, &create(p.as_bytes(), None)).unwrap();
+                call(
+                    1,
+                    &Request::Unlink {
+                        path: p.as_bytes(),
+                        rmdir: false,
+                        hint: None,
+                    },
+                )
+                .unwrap();
+                n += 1;
+            }
+            n
+        });
+
+        let _stop = StopOnDrop(&stop);
+        let g = good(b"x");
+        let forged = [
+            Hint {
+                pred: u64::MAX - 3,
+                ..g
+            },
+            Hint {
+                pred: g.pred + 8,
+                ..g
+            },
+            Hint { pred: d, ..g },
+            Hint { pred: 1 << 40, ..g },
+            Hint { dir: d + 24, ..g },
+            Hint { dir: u64::MAX, ..g },
+            Hint {
+                dir_gen: g.dir_gen.wrapping_add(1),
+                ..g
+            },
+            Hint {
+                pred: stale.found,
+                ..g
+            },
+            // A real directory, but not the one the path names.
+            Hint {
+                dir: r.root(),
+                pred: r.dir_head(r.root()),
+                ..g
+            },
+        ];
+        for (i, h) in forged.iter().enumerate() {
+            // With a path that resolves, the change happens where the path
+            // says, and nowhere else.
+            let p = format!("d/x{i}");
+            let reply = call(0, &create(p.as_bytes(), Some(*h))).unwrap();
+            assert_eq!(
+                r.resolve(p.as_bytes(), true),
+                Ok(reply.inode),
+                "forgery {i}"
+            );
+            // With a path that does not, the error the path alone gives.
+            let missing = format!("nowhere/x{i}");
+            assert_eq!(
+                call(0, &create(missing.as_bytes(), Some(*h))),
+                Err(Errno::ENOENT),
+                "forgery {i}"
+            );
+        }
+        // Forged "found" entries for unlinks: a freed one, one of another
+        // name, a wrong generation, the middle of an item.
+        let f5h = good(b"f5");
+        for h in [
+            Hint {
+                found: stale.found,
+                found_gen: stale.found_gen,
+                ..stale
+            },
+            Hint {
+                found: f5,
+                ..good(b"f6")
+            },
+            Hint {
+                found_gen: f5h.found_gen.wrapping_add(1),
+                ..f5h
+            },
+            Hint {
+                found: f5 + 16,
+                ..f5h
+            },
+        ] {
+            assert_eq!(
+                call(
+                    0,
+                    &Request::Unlink {
+                        path: b"d/f7",
+                        rmdir: false,
+                        hint: Some(h)
+                    }
+                ),
+                Err(Errno::ENOENT)
+            );
+        }
+        assert!(
+            r.lookup(d, b"f5") != 0 && r.lookup(d, b"f6") != 0,
+            "a forged address removed a wrong entry"
+        );
+        // Invalid names and paths.
+        let long = vec![b'n'; 256];
+        let long_path = [b"d/".as_slice(), &long].concat();
+        let huge = vec![b'a'; 5000];
+        let cases: [(&[u8], Errno); 6] = [
+            (b"", Errno::ENOENT),
+            (&long_path, Errno::ENAMETOOLONG),
+            (b"d/.", Errno::EEXIST),
+            (b"d/..", Errno::EEXIST),
+            (b"d/f1/x", Errno::ENOTDIR),
+            (&huge, Errno::ENAMETOOLONG),
+        ];
+        for (path, want) in cases {
+            assert_eq!(
+                call(0, &create(path, None)).map(drop),
+                Err(want),
+                "{:?}",
+                String::from_utf8_lossy(&path[..path.len().min(20)])
+            );
+        }
+        // Mode bits that are no file type, and a symlink with no target.
+        assert_eq!(
+            call(
+                0,
+                &Request::Create {
+                    path: b"d/m",
+                    mode: 0o170777,
+                    target: b"",
+                    hint: None
+                }
+            )
+            .map(drop),
+            Err(Errno::EINVAL)
+        );
+        assert_eq!(
+            call(
+                0,
+                &Request::Create {
+                    path: b"d/l",
+                    mode: libc::S_IFLNK | 0o777,
+                    target: b"",
+                    hint: None
+                }
+            )
+            .map(drop),
+            Err(Errno::ENOENT)
+        );
+        stop.store(true, Ordering::Relaxed);
+        assert!(other.join().unwrap() > 0);
+    });
+    let stats = kfs.stats();
+    assert!(stats.hints_stale >= 9, "{stats}");
+    kfs.shutdown().unwrap();
+    let report = kucofs_kfs::fsck(Path::new(&image)).unwrap();
+    assert!(report.problems.is_empty(), "{report}");
+    assert_eq!(report.entries, 101 - 1 + 9);
+}
