@@ -21,6 +21,9 @@ const POPULATE_STEP: u64 = 4 << 20;
 
 /// Item sizes: multiples of 16 up to 512, then powers of two up to 256 MiB
 /// (a directory's largest bucket table is 128 MiB).
+/// Most items one reclamation frees.
+pub const RECLAIM_BATCH: usize = 4096;
+
 /// Number of size classes.
 const CLASSES: u16 = 51;
 
@@ -198,10 +201,10 @@ impl Arena {
         Ok(())
     }
 
-    /// Starts a new epoch if anything waits for one, and frees what no
-    /// reader can hold any more. `readers` yields every client thread's
-    /// epoch slot: 0 when it is outside the index, else 1 + the epoch it
-    /// entered in.
+    /// Starts a new epoch if anything waits for one, and frees (at most
+    /// [`RECLAIM_BATCH`] of) what no reader can hold any more. `readers`
+    /// yields every client thread's epoch slot: 0 when it is outside the
+    /// index, else 1 + the epoch it entered in.
     pub fn reclaim(&mut self, readers: impl Iterator<Item = u64>) -> Result<usize, Errno> {
         if self.retired.is_empty() {
             return Ok(0);
@@ -223,7 +226,9 @@ impl Arena {
             .unwrap_or(u64::MAX);
         let mut freed = 0;
         while let Some(&(epoch, off)) = self.retired.front() {
-            if epoch >= oldest_reader {
+            // Bounded, so that the lock around the volume is not held long
+            // (client threads apply requests directly under it).
+            if epoch >= oldest_reader || freed == RECLAIM_BATCH {
                 break;
             }
             self.retired.pop_front();

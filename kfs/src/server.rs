@@ -9,11 +9,10 @@
 //! application, so the spin window is short.
 //!
 //! In embedded mode a client thread may also apply its request itself,
-//! through [`Direct`], when Kfs is idle: it takes the lock the Kfs thread
-//! holds while serving, so there is still exactly one writer at a time and
-//! every change takes the same path (check, durable log entry, apply), but
-//! the request crosses no core. When the lock is busy the request queues in
-//! its slot as usual.
+//! through [`Direct`]: it takes the lock the Kfs thread holds while
+//! serving, so there is still exactly one writer at a time and every change
+//! takes the same path (check, durable log entry, apply), but the request
+//! crosses no core.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -253,11 +252,12 @@ pub struct Direct {
 }
 
 impl Direct {
-    /// Applies `req` on the calling thread if nobody else is applying one;
-    /// `None` if the volume is busy (queue the request instead) or Kfs has
-    /// stopped.
+    /// Applies `req` on the calling thread, waiting for the volume's lock
+    /// if another thread (a client, or Kfs keeping house) holds it;
+    /// `None` if Kfs has stopped. Waiting beats queueing: a queued request
+    /// would wait for the same lock, in the Kfs thread.
     pub fn try_apply(&self, req: &Request<'_>, creds: Creds) -> Option<Reply> {
-        let mut guard = self.volume.try_lock()?;
+        let mut guard = self.volume.lock();
         let volume = guard.as_mut()?;
         let reply = self.stats.served(req.kind(), || volume.handle(req, creds));
         self.stats.direct.fetch_add(1, Ordering::Relaxed);

@@ -30,9 +30,9 @@ pub struct Config {
     /// (collaborative indexing). Off: send bare paths and let Kfs resolve
     /// them, to measure what the addresses save.
     pub collaborative: bool,
-    /// Let a thread apply its own request when Kfs is idle, instead of
-    /// handing it to the Kfs thread and waiting (embedded mode; the request
-    /// takes the same checked, logged path under Kfs's lock). Off: every
+    /// Let a thread apply its own request under Kfs's lock, instead of
+    /// handing it to the Kfs thread and waiting for the reply (embedded
+    /// mode; the request takes the same checked, logged path). Off: every
     /// change crosses to the Kfs thread through the request slots.
     pub direct: bool,
     /// Bits cleared from the mode of everything created (like a process's
@@ -158,7 +158,8 @@ impl Inner {
         Ok(out)
     }
 
-    /// Applies `req` on this thread if Kfs is idle (see [`Config::direct`]).
+    /// Applies `req` on this thread (see [`Config::direct`]); `None` if
+    /// direct application is off or Kfs has stopped.
     fn try_direct(&self, req: &Request<'_>) -> Option<io::Result<Reply>> {
         let reply = self.direct.as_ref()?.try_apply(req, self.creds)?;
         Some(reply.result().map_err(err))
@@ -292,8 +293,8 @@ impl Fs {
         self.inner.config
     }
 
-    /// Sends a change to Kfs: applied directly if Kfs is idle; else queued,
-    /// with the addresses found for `path` if collaborative indexing is on.
+    /// Sends a change to Kfs: applied directly, or else queued with the
+    /// addresses found for `path` if collaborative indexing is on.
     fn change<'p>(
         &self,
         path: &'p [u8],
