@@ -50,8 +50,14 @@ pub struct Arena {
     shm: Arc<Shm>,
     /// End of the allocated part.
     used: u64,
-    /// Free items by size class.
+    /// Free items by size class, as they were freed.
     free: Vec<Vec<u64>>,
+    /// Free items by size class in descending address order: allocation
+    /// takes from here, lowest address first, so reused items lie together
+    /// as fresh ones do (freed ones come back in scattered order, and
+    /// scattered items cost a cache miss each). Refilled by sorting `free`
+    /// when empty.
+    ordered: Vec<Vec<u64>>,
     /// Removed items waiting for their grace period: (epoch, offset).
     retired: VecDeque<(u64, u64)>,
     /// Bytes in live items.
@@ -70,6 +76,7 @@ impl Arena {
             shm,
             used: HEADER_SIZE,
             free: vec![Vec::new(); CLASSES as usize],
+            ordered: vec![Vec::new(); CLASSES as usize],
             retired: VecDeque::new(),
             live_bytes: 0,
             populated: 0,
@@ -149,7 +156,12 @@ impl Arena {
     pub fn alloc(&mut self, tag: u16, size: u64) -> Result<u64, Errno> {
         let class = class_for(size).ok_or(Errno::ENOMEM)?;
         let bytes = class_size(class);
-        let (off, gen) = match self.free[class as usize].pop() {
+        let c = class as usize;
+        if self.ordered[c].is_empty() && !self.free[c].is_empty() {
+            std::mem::swap(&mut self.ordered[c], &mut self.free[c]);
+            self.ordered[c].sort_unstable_by(|a, b| b.cmp(a));
+        }
+        let (off, gen) = match self.ordered[c].pop() {
             Some(off) => (off, header_gen(self.get(off)).wrapping_add(1)),
             None => {
                 let off = self.used;

@@ -75,6 +75,10 @@ pub struct Namespace {
     arena: Arena,
     next_ino: u64,
     free_inos: Vec<u64>,
+    /// Free inode numbers in descending order: numbers are reused lowest
+    /// first, so new files get neighbouring inode-table slots. Refilled by
+    /// sorting `free_inos` when empty.
+    ordered_inos: Vec<u64>,
     hints: HintStats,
 }
 
@@ -96,6 +100,7 @@ impl Namespace {
             arena,
             next_ino: ROOT_INO + 1,
             free_inos: Vec::new(),
+            ordered_inos: Vec::new(),
             hints: HintStats::default(),
         };
         let root_inode = ns.new_inode(
@@ -156,12 +161,17 @@ impl Namespace {
         }
         free.retain(|&i| i < max);
         free.reverse();
-        self.free_inos = free;
+        self.ordered_inos = free;
+        self.free_inos.clear();
         self.next_ino = max + 1;
     }
 
-    fn peek_ino(&self) -> Result<u64, Errno> {
-        match self.free_inos.last() {
+    fn peek_ino(&mut self) -> Result<u64, Errno> {
+        if self.ordered_inos.is_empty() && !self.free_inos.is_empty() {
+            std::mem::swap(&mut self.ordered_inos, &mut self.free_inos);
+            self.ordered_inos.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        match self.ordered_inos.last() {
             Some(&i) => Ok(i),
             None if self.next_ino / ITABLE_CHUNK_INOS < ITABLE_TOP_SLOTS => Ok(self.next_ino),
             None => Err(Errno::ENOSPC),
@@ -169,12 +179,14 @@ impl Namespace {
     }
 
     fn take_ino(&mut self, ino: u64) {
-        if self.free_inos.last() == Some(&ino) {
-            self.free_inos.pop();
+        if self.ordered_inos.last() == Some(&ino) {
+            self.ordered_inos.pop();
         } else if ino >= self.next_ino {
             self.next_ino = ino + 1;
+        } else if let Some(i) = self.ordered_inos.iter().position(|&x| x == ino) {
+            self.ordered_inos.remove(i);
         } else if let Some(i) = self.free_inos.iter().position(|&x| x == ino) {
-            self.free_inos.remove(i);
+            self.free_inos.swap_remove(i);
         }
     }
 
