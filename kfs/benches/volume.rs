@@ -10,8 +10,6 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kucofs_common::index::layout::header_gen;
-use kucofs_common::index::{name_hash, Last};
 use kucofs_common::proto::{Creds, Hint, Request};
 use kucofs_kfs::Volume;
 
@@ -37,21 +35,10 @@ fn volume() -> (tempfile::TempDir, Volume) {
 }
 
 fn hint(v: &Volume, path: &[u8]) -> Hint {
-    let r = v.namespace().reader();
-    let p = r.resolve_parent(path).unwrap();
-    let Last::Name(name) = p.last else { panic!() };
-    let s = r.search(p.dir, name_hash(name), name);
-    Hint {
-        dir: p.dir,
-        dir_gen: header_gen(r.header(p.dir)),
-        pred: s.pred,
-        found: s.found,
-        found_gen: if s.found != 0 {
-            header_gen(r.header(s.found))
-        } else {
-            0
-        },
-    }
+    v.namespace()
+        .reader()
+        .locate(path)
+        .expect("the parent resolves")
 }
 
 fn create(c: &mut Criterion) {

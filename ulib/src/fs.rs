@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kucofs_common::channel::{Doorbell, Segment, SLOTS};
 use kucofs_common::format::{Geometry, CHECKPOINT_HEADER_SIZE};
 use kucofs_common::index::layout::header_gen;
-use kucofs_common::index::{name_hash, IndexReader, Kind, Last, NAME_MAX};
+use kucofs_common::index::{IndexReader, Kind, NAME_MAX};
 use kucofs_common::pm::{RegionView, ShmView};
 use kucofs_common::proto::{Creds, Hint, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
@@ -173,31 +173,13 @@ impl Inner {
             .map_err(err)
     }
 
-    /// The addresses a change of `path` will need, found by resolving its
-    /// parent and searching it (collaborative indexing).
+    /// The addresses a change of `path` will need, if collaborative
+    /// indexing is on.
     fn hint(&self, r: &IndexReader<'_, ShmView>, path: &[u8]) -> Option<Hint> {
         if !self.config.collaborative {
             return None;
         }
-        let p = r.resolve_parent(path).ok()?;
-        let Last::Name(name) = p.last else {
-            return None;
-        };
-        if name.len() > NAME_MAX {
-            return None;
-        }
-        let s = r.search(p.dir, name_hash(name), name);
-        Some(Hint {
-            dir: p.dir,
-            dir_gen: header_gen(r.header(p.dir)),
-            pred: s.pred,
-            found: s.found,
-            found_gen: if s.found != 0 {
-                header_gen(r.header(s.found))
-            } else {
-                0
-            },
-        })
+        r.locate(path)
     }
 }
 

@@ -100,6 +100,34 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
         })
     }
 
+    /// The addresses a change of `path` will need, as a client finds them
+    /// (collaborative indexing): the parent directory, the node after which
+    /// the last component is or would be linked, and its entry if it
+    /// exists. `None` if the parent does not resolve or the last component
+    /// is not a name.
+    pub fn locate(&self, path: &[u8]) -> Option<crate::proto::Hint> {
+        use super::layout::header_gen;
+        let p = self.resolve_parent(path).ok()?;
+        let Last::Name(name) = p.last else {
+            return None;
+        };
+        if name.len() > NAME_MAX {
+            return None;
+        }
+        let s = self.search(p.dir, super::name_hash(name), name);
+        Some(crate::proto::Hint {
+            dir: p.dir,
+            dir_gen: header_gen(self.header(p.dir)),
+            pred: s.pred,
+            found: s.found,
+            found_gen: if s.found != 0 {
+                header_gen(self.header(s.found))
+            } else {
+                0
+            },
+        })
+    }
+
     /// Walks `path` from directory `start`.
     fn walk(
         &self,

@@ -75,21 +75,7 @@ fn names(ns: &Namespace, dir: &str) -> Vec<String> {
 
 /// What a client would send: the parent and the search result for `path`.
 fn hint_for(ns: &Namespace, path: &str) -> Hint {
-    let r = ns.reader();
-    let p = r.resolve_parent(path.as_bytes()).unwrap();
-    let Last::Name(name) = p.last else { panic!() };
-    let s = r.search(p.dir, name_hash(name), name);
-    Hint {
-        dir: p.dir,
-        dir_gen: header_gen(r.header(p.dir)),
-        pred: s.pred,
-        found: s.found,
-        found_gen: if s.found != 0 {
-            header_gen(r.header(s.found))
-        } else {
-            0
-        },
-    }
+    ns.reader().locate(path.as_bytes()).unwrap()
 }
 
 #[test]
