@@ -60,8 +60,7 @@ const CLIENT_SPIN: Duration = Duration::from_micros(20);
 const CLIENT_YIELD: Duration = Duration::from_micros(200);
 
 thread_local! {
-    static ENCODE: std::cell::RefCell<Box<[u8; REQUEST_MAX]>> =
-        std::cell::RefCell::new(Box::new([0; REQUEST_MAX]));
+    static ENCODE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn slot_at(slot: usize) -> u64 {
@@ -113,7 +112,7 @@ impl Segment {
         // cost more than the encoding.
         let len = ENCODE.with(|b| -> Result<usize, Errno> {
             let mut buf = b.borrow_mut();
-            let len = req.encode(&mut buf[..])?;
+            let len = req.encode(&mut buf)?;
             shm.write(self.word(slot, REQUEST_RECORD), &buf[..len])
                 .map_err(io)?;
             Ok(len)

@@ -6,6 +6,7 @@
 //! its own copy of the slot (a client may change the slot at any time) and
 //! checks every field: lengths, names, offsets are never trusted.
 
+use crate::codec::{Reader, Writer};
 use crate::index::PATH_MAX;
 use crate::Errno;
 
@@ -174,121 +175,49 @@ mod op {
 /// CRC-32C of those eight bytes and the body.
 pub const HEADER: usize = 12;
 
-struct W<'b> {
-    buf: &'b mut [u8],
-    at: usize,
-}
-
-impl W<'_> {
-    fn put(&mut self, b: &[u8]) -> Result<(), Errno> {
-        let end = self.at + b.len();
-        self.buf
-            .get_mut(self.at..end)
-            .ok_or(Errno::ENAMETOOLONG)?
-            .copy_from_slice(b);
-        self.at = end;
-        Ok(())
-    }
-    fn u32(&mut self, v: u32) -> Result<(), Errno> {
-        self.put(&v.to_le_bytes())
-    }
-    fn u64(&mut self, v: u64) -> Result<(), Errno> {
-        self.put(&v.to_le_bytes())
-    }
-    fn bytes(&mut self, b: &[u8]) -> Result<(), Errno> {
-        if b.len() >= PATH_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        self.u32(b.len() as u32)?;
-        self.put(b)
-    }
-    fn opt32(&mut self, v: Option<u32>) -> Result<(), Errno> {
-        self.u32(u32::from(v.is_some()))?;
-        self.u32(v.unwrap_or(0))
-    }
-    fn opt64(&mut self, v: Option<i64>) -> Result<(), Errno> {
-        self.u32(u32::from(v.is_some()))?;
-        self.u64(v.unwrap_or(0) as u64)
-    }
-    fn hint(&mut self, h: &Option<Hint>) -> Result<(), Errno> {
-        match h {
-            None => self.u32(0),
-            Some(h) => {
-                self.u32(1)?;
-                self.u64(h.dir)?;
-                self.u32(h.dir_gen)?;
-                self.u64(h.pred)?;
-                self.u64(h.found)?;
-                self.u32(h.found_gen)
-            }
-        }
+fn put_hint(w: &mut Writer<'_>, h: &Option<Hint>) {
+    w.bool(h.is_some());
+    if let Some(h) = h {
+        w.u64(h.dir);
+        w.u32(h.dir_gen);
+        w.u64(h.pred);
+        w.u64(h.found);
+        w.u32(h.found_gen);
     }
 }
 
-struct R<'b> {
-    buf: &'b [u8],
-    at: usize,
+fn get_hint(r: &mut Reader<'_>) -> Result<Option<Hint>, Errno> {
+    if !r.bool()? {
+        return Ok(None);
+    }
+    Ok(Some(Hint {
+        dir: r.u64()?,
+        dir_gen: r.u32()?,
+        pred: r.u64()?,
+        found: r.u64()?,
+        found_gen: r.u32()?,
+    }))
 }
 
-impl<'b> R<'b> {
-    fn take(&mut self, n: usize) -> Result<&'b [u8], Errno> {
-        let end = self.at.checked_add(n).ok_or(Errno::EPROTO)?;
-        let s = self.buf.get(self.at..end).ok_or(Errno::EPROTO)?;
-        self.at = end;
-        Ok(s)
-    }
-    fn u32(&mut self) -> Result<u32, Errno> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64, Errno> {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(w))
-    }
-    fn bool(&mut self) -> Result<bool, Errno> {
-        match self.u32()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(Errno::EPROTO),
-        }
-    }
-    fn bytes(&mut self) -> Result<&'b [u8], Errno> {
-        let n = self.u32()? as usize;
-        if n >= PATH_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        self.take(n)
-    }
-    fn opt32(&mut self) -> Result<Option<u32>, Errno> {
-        let some = self.bool()?;
-        let v = self.u32()?;
-        Ok(some.then_some(v))
-    }
-    fn opt64(&mut self) -> Result<Option<i64>, Errno> {
-        let some = self.bool()?;
-        let v = self.u64()? as i64;
-        Ok(some.then_some(v))
-    }
-    fn hint(&mut self) -> Result<Option<Hint>, Errno> {
-        if !self.bool()? {
-            return Ok(None);
-        }
-        Ok(Some(Hint {
-            dir: self.u64()?,
-            dir_gen: self.u32()?,
-            pred: self.u64()?,
-            found: self.u64()?,
-            found_gen: self.u32()?,
-        }))
-    }
-}
+/// Longest byte string (path, name or symlink target) in a request.
+const STRING_MAX: usize = PATH_MAX - 1;
 
 impl<'a> Request<'a> {
-    /// Encodes the request into `buf` (at least [`REQUEST_MAX`] bytes) and
-    /// returns its length. Fails with `ENAMETOOLONG` for an oversized path.
-    pub fn encode(&self, buf: &mut [u8]) -> Result<usize, Errno> {
-        let mut w = W { buf, at: HEADER };
+    /// Encodes the request into `out` (replacing what it held) and returns
+    /// its length. Fails with `ENAMETOOLONG` for an oversized path.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<usize, Errno> {
+        let strings: [&[u8]; 2] = match self {
+            Request::Create { path, target, .. } => [path, target],
+            Request::Link { from, to, .. } | Request::Rename { from, to, .. } => [from, to],
+            Request::Unlink { path, .. } | Request::SetAttr { path, .. } => [path, b""],
+            Request::Ping => [b"", b""],
+        };
+        if strings.iter().any(|s| s.len() > STRING_MAX) {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        out.clear();
+        out.resize(HEADER, 0);
+        let mut w = Writer(out);
         let op = match self {
             Request::Create {
                 path,
@@ -296,22 +225,22 @@ impl<'a> Request<'a> {
                 target,
                 hint,
             } => {
-                w.bytes(path)?;
-                w.u32(*mode)?;
-                w.bytes(target)?;
-                w.hint(hint)?;
+                w.bytes(path);
+                w.u32(*mode);
+                w.bytes(target);
+                put_hint(&mut w, hint);
                 op::CREATE
             }
             Request::Link { from, to, hint } => {
-                w.bytes(from)?;
-                w.bytes(to)?;
-                w.hint(hint)?;
+                w.bytes(from);
+                w.bytes(to);
+                put_hint(&mut w, hint);
                 op::LINK
             }
             Request::Unlink { path, rmdir, hint } => {
-                w.bytes(path)?;
-                w.u32(u32::from(*rmdir))?;
-                w.hint(hint)?;
+                w.bytes(path);
+                w.bool(*rmdir);
+                put_hint(&mut w, hint);
                 op::UNLINK
             }
             Request::Rename {
@@ -321,11 +250,11 @@ impl<'a> Request<'a> {
                 hint_from,
                 hint_to,
             } => {
-                w.bytes(from)?;
-                w.bytes(to)?;
-                w.u32(u32::from(*noreplace))?;
-                w.hint(hint_from)?;
-                w.hint(hint_to)?;
+                w.bytes(from);
+                w.bytes(to);
+                w.bool(*noreplace);
+                put_hint(&mut w, hint_from);
+                put_hint(&mut w, hint_to);
                 op::RENAME
             }
             Request::SetAttr {
@@ -333,25 +262,24 @@ impl<'a> Request<'a> {
                 follow,
                 attrs,
             } => {
-                w.bytes(path)?;
-                w.u32(u32::from(*follow))?;
-                w.opt32(attrs.mode)?;
-                w.opt32(attrs.uid)?;
-                w.opt32(attrs.gid)?;
-                w.opt64(attrs.atime)?;
-                w.opt64(attrs.mtime)?;
+                w.bytes(path);
+                w.bool(*follow);
+                w.opt32(attrs.mode);
+                w.opt32(attrs.uid);
+                w.opt32(attrs.gid);
+                w.opt64(attrs.atime);
+                w.opt64(attrs.mtime);
                 op::SETATTR
             }
             Request::Ping => op::PING,
         };
-        let len = w.at;
+        let len = out.len();
         let body = (len - HEADER) as u32;
-        let buf = w.buf;
-        buf[0..2].copy_from_slice(&PROTO_VERSION.to_le_bytes());
-        buf[2..4].copy_from_slice(&op.to_le_bytes());
-        buf[4..8].copy_from_slice(&body.to_le_bytes());
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[..8]), &buf[HEADER..len]);
-        buf[8..12].copy_from_slice(&crc.to_le_bytes());
+        out[0..2].copy_from_slice(&PROTO_VERSION.to_le_bytes());
+        out[2..4].copy_from_slice(&op.to_le_bytes());
+        out[4..8].copy_from_slice(&body.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..8]), &out[HEADER..len]);
+        out[8..12].copy_from_slice(&crc.to_le_bytes());
         Ok(len)
     }
 
@@ -374,33 +302,33 @@ impl<'a> Request<'a> {
         if crc32c::crc32c_append(crc32c::crc32c(&buf[..8]), body) != crc {
             return Err(Errno::EPROTO);
         }
-        let mut r = R { buf: body, at: 0 };
+        let mut r = Reader::new(body);
         let req = match op {
             op::CREATE => Request::Create {
-                path: r.bytes()?,
+                path: r.bytes(STRING_MAX)?,
                 mode: r.u32()?,
-                target: r.bytes()?,
-                hint: r.hint()?,
+                target: r.bytes(STRING_MAX)?,
+                hint: get_hint(&mut r)?,
             },
             op::LINK => Request::Link {
-                from: r.bytes()?,
-                to: r.bytes()?,
-                hint: r.hint()?,
+                from: r.bytes(STRING_MAX)?,
+                to: r.bytes(STRING_MAX)?,
+                hint: get_hint(&mut r)?,
             },
             op::UNLINK => Request::Unlink {
-                path: r.bytes()?,
+                path: r.bytes(STRING_MAX)?,
                 rmdir: r.bool()?,
-                hint: r.hint()?,
+                hint: get_hint(&mut r)?,
             },
             op::RENAME => Request::Rename {
-                from: r.bytes()?,
-                to: r.bytes()?,
+                from: r.bytes(STRING_MAX)?,
+                to: r.bytes(STRING_MAX)?,
                 noreplace: r.bool()?,
-                hint_from: r.hint()?,
-                hint_to: r.hint()?,
+                hint_from: get_hint(&mut r)?,
+                hint_to: get_hint(&mut r)?,
             },
             op::SETATTR => Request::SetAttr {
-                path: r.bytes()?,
+                path: r.bytes(STRING_MAX)?,
                 follow: r.bool()?,
                 attrs: SetAttrs {
                     mode: r.opt32()?,
@@ -413,7 +341,7 @@ impl<'a> Request<'a> {
             op::PING => Request::Ping,
             _ => return Err(Errno::EPROTO),
         };
-        if r.at != body.len() {
+        if !r.done() {
             return Err(Errno::EPROTO);
         }
         Ok(req)
@@ -521,7 +449,7 @@ mod tests {
                 4 => Request::SetAttr { path: &a, follow: false, attrs: SetAttrs { mode: Some(mode), ..SetAttrs::default() } },
                 _ => Request::Ping,
             };
-            let mut buf = vec![0u8; REQUEST_MAX];
+            let mut buf = Vec::new();
             let n = req.encode(&mut buf).unwrap();
             prop_assert_eq!(Request::decode(&buf[..n]), Ok(req.clone()));
             let mut bad = buf[..n].to_vec();
@@ -540,7 +468,7 @@ mod tests {
     #[test]
     fn oversized_paths_are_refused_when_encoding() {
         let long = vec![b'a'; PATH_MAX];
-        let mut buf = vec![0u8; REQUEST_MAX];
+        let mut buf = Vec::new();
         let req = Request::Unlink {
             path: &long,
             rmdir: false,

@@ -14,6 +14,7 @@
 //! entry: 2u8, parent ino u64, ino u64, name (u32 len + bytes)
 //! ```
 
+use kucofs_common::codec::{Reader, Writer};
 use kucofs_common::format::{CheckpointHeader, CheckpointRef, Geometry, CHECKPOINT_HEADER_SIZE};
 use kucofs_common::index::{InodeAttr, NAME_MAX, PATH_MAX};
 use kucofs_common::pm::Region;
@@ -21,7 +22,6 @@ use kucofs_common::proto::Creds;
 use kucofs_common::Errno;
 
 use crate::namespace::Namespace;
-use crate::record::Reader;
 
 const INODE: u8 = 1;
 const ENTRY: u8 = 2;
@@ -48,27 +48,26 @@ pub fn serialize(ns: &Namespace) -> Body {
         |a, target| {
             inodes += 1;
             let mut b = out.borrow_mut();
-            b.push(INODE);
-            b.extend_from_slice(&a.ino.to_le_bytes());
+            let mut w = Writer(&mut b);
+            w.u8(INODE);
+            w.u64(a.ino);
             for v in [a.mode, a.nlink, a.uid, a.gid] {
-                b.extend_from_slice(&v.to_le_bytes());
+                w.u32(v);
             }
-            b.extend_from_slice(&a.size.to_le_bytes());
+            w.u64(a.size);
             for t in [a.atime, a.mtime, a.ctime, a.btime] {
-                b.extend_from_slice(&t.to_le_bytes());
+                w.u64(t as u64);
             }
-            let t = target.unwrap_or_default();
-            b.extend_from_slice(&(t.len() as u32).to_le_bytes());
-            b.extend_from_slice(&t);
+            w.bytes(&target.unwrap_or_default());
         },
         |parent, name, ino| {
             entries += 1;
             let mut b = out.borrow_mut();
-            b.push(ENTRY);
-            b.extend_from_slice(&parent.to_le_bytes());
-            b.extend_from_slice(&ino.to_le_bytes());
-            b.extend_from_slice(&(name.len() as u32).to_le_bytes());
-            b.extend_from_slice(name);
+            let mut w = Writer(&mut b);
+            w.u8(ENTRY);
+            w.u64(parent);
+            w.u64(ino);
+            w.bytes(name);
         },
     );
     Body {
@@ -144,7 +143,7 @@ pub fn load(body: &[u8]) -> Result<Namespace, String> {
     let mut n = 0u64;
     while !r.done() {
         n += 1;
-        let tag = r.take_u8().map_err(|e| bad("record", e))?;
+        let tag = r.u8().map_err(|e| bad("record", e))?;
         match tag {
             INODE => {
                 let mut a = InodeAttr {

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 
+use kucofs_common::codec::{Reader, Writer};
 pub use kucofs_common::proto::SetAttrs;
 use kucofs_common::Errno;
 
@@ -63,79 +64,6 @@ pub mod op {
     pub const UNLINK: u16 = 3;
     pub const RENAME: u16 = 4;
     pub const SETATTR: u16 = 5;
-}
-
-struct Writer<'a>(&'a mut Vec<u8>);
-impl Writer<'_> {
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.u32(b.len() as u32);
-        self.0.extend_from_slice(b);
-    }
-    fn opt32(&mut self, v: Option<u32>) {
-        self.u32(u32::from(v.is_some()));
-        self.u32(v.unwrap_or(0));
-    }
-    fn opt64(&mut self, v: Option<i64>) {
-        self.u32(u32::from(v.is_some()));
-        self.u64(v.unwrap_or(0) as u64);
-    }
-}
-
-/// A cursor over an encoded record; every read is bounds-checked.
-pub(crate) struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, at: 0 }
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Errno> {
-        let end = self.at.checked_add(n).ok_or(Errno::EPROTO)?;
-        let s = self.buf.get(self.at..end).ok_or(Errno::EPROTO)?;
-        self.at = end;
-        Ok(s)
-    }
-    pub(crate) fn take_u8(&mut self) -> Result<u8, Errno> {
-        Ok(self.take(1)?[0])
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32, Errno> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().map_err(|_| Errno::EPROTO)?,
-        ))
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64, Errno> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().map_err(|_| Errno::EPROTO)?,
-        ))
-    }
-    pub(crate) fn bytes(&mut self, max: usize) -> Result<&'a [u8], Errno> {
-        let n = self.u32()? as usize;
-        if n > max {
-            return Err(Errno::EPROTO);
-        }
-        self.take(n)
-    }
-    fn opt32(&mut self) -> Result<Option<u32>, Errno> {
-        let some = self.u32()?;
-        let v = self.u32()?;
-        Ok((some == 1).then_some(v))
-    }
-    fn opt64(&mut self) -> Result<Option<i64>, Errno> {
-        let some = self.u32()?;
-        let v = self.u64()? as i64;
-        Ok((some == 1).then_some(v))
-    }
-    pub(crate) fn done(&self) -> bool {
-        self.at == self.buf.len()
-    }
 }
 
 const NAME: usize = kucofs_common::index::NAME_MAX;

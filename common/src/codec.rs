@@ -1,0 +1,112 @@
+//! The little-endian field encoding shared by request records, redo
+//! records and checkpoints: fixed-width integers, optional values as a
+//! 0/1 flag and a value, byte strings as a `u32` length and the bytes.
+//! Reading is bounds-checked throughout; any malformed input is `EPROTO`.
+
+use crate::Errno;
+
+/// Appends fields to a buffer.
+#[derive(Debug)]
+pub struct Writer<'a>(pub &'a mut Vec<u8>);
+
+impl Writer<'_> {
+    /// One byte.
+    pub fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    /// A `u32`.
+    pub fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    /// A `u64`.
+    pub fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    /// A flag, as a `u32` 0 or 1.
+    pub fn bool(&mut self, v: bool) {
+        self.u32(u32::from(v));
+    }
+    /// A length-prefixed byte string.
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+    }
+    /// An optional `u32`.
+    pub fn opt32(&mut self, v: Option<u32>) {
+        self.bool(v.is_some());
+        self.u32(v.unwrap_or(0));
+    }
+    /// An optional `i64`.
+    pub fn opt64(&mut self, v: Option<i64>) {
+        self.bool(v.is_some());
+        self.u64(v.unwrap_or(0) as u64);
+    }
+}
+
+/// Reads fields from a buffer.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader at the start of `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, at: 0 }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Errno> {
+        let end = self.at.checked_add(n).ok_or(Errno::EPROTO)?;
+        let s = self.buf.get(self.at..end).ok_or(Errno::EPROTO)?;
+        self.at = end;
+        Ok(s)
+    }
+    /// One byte.
+    pub fn u8(&mut self) -> Result<u8, Errno> {
+        Ok(self.take(1)?[0])
+    }
+    /// A `u32`.
+    pub fn u32(&mut self) -> Result<u32, Errno> {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(w))
+    }
+    /// A `u64`.
+    pub fn u64(&mut self) -> Result<u64, Errno> {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(w))
+    }
+    /// A flag; anything but 0 or 1 is malformed.
+    pub fn bool(&mut self) -> Result<bool, Errno> {
+        match self.u32()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+    /// A length-prefixed byte string of at most `max` bytes.
+    pub fn bytes(&mut self, max: usize) -> Result<&'a [u8], Errno> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(Errno::EPROTO);
+        }
+        self.take(n)
+    }
+    /// An optional `u32`.
+    pub fn opt32(&mut self) -> Result<Option<u32>, Errno> {
+        let some = self.bool()?;
+        let v = self.u32()?;
+        Ok(some.then_some(v))
+    }
+    /// An optional `i64`.
+    pub fn opt64(&mut self) -> Result<Option<i64>, Errno> {
+        let some = self.bool()?;
+        let v = self.u64()? as i64;
+        Ok(some.then_some(v))
+    }
+    /// True once every byte was read.
+    pub fn done(&self) -> bool {
+        self.at == self.buf.len()
+    }
+}
