@@ -60,8 +60,6 @@ pub struct Arena {
     ordered: Vec<Vec<u64>>,
     /// Removed items waiting for their grace period: (epoch, offset).
     retired: VecDeque<(u64, u64)>,
-    /// Bytes in live items.
-    live_bytes: u64,
     /// End of the part whose pages are allocated.
     populated: u64,
 }
@@ -78,7 +76,6 @@ impl Arena {
             free: vec![Vec::new(); CLASSES as usize],
             ordered: vec![Vec::new(); CLASSES as usize],
             retired: VecDeque::new(),
-            live_bytes: 0,
             populated: 0,
         };
         a.put(HDR_EPOCH, 1)?;
@@ -106,11 +103,6 @@ impl Arena {
     /// Bytes of the arena in use (allocated, live or waiting).
     pub fn used(&self) -> u64 {
         self.used
-    }
-
-    /// Bytes in live items.
-    pub fn live_bytes(&self) -> u64 {
-        self.live_bytes
     }
 
     /// Items waiting for a grace period.
@@ -195,7 +187,6 @@ impl Arena {
             at += n;
         }
         self.put(off, header(tag, class, gen))?;
-        self.live_bytes += bytes;
         Ok(off)
     }
 
@@ -247,7 +238,6 @@ impl Arena {
             let class = header_class(self.get(off));
             self.put(off, header(0, class, header_gen(self.get(off))))?;
             self.free[class as usize].push(off);
-            self.live_bytes -= class_size(class);
             freed += 1;
         }
         Ok(freed)

@@ -3,10 +3,10 @@
 //! Checked: both superblock copies, the checkpoint's checksums and records,
 //! every log entry's replay; then the rebuilt namespace: every entry is a
 //! live item of its directory with the right hash, name, inode number and
-//! kind, every skip-list level is sorted and a subset of the one below,
-//! every inode is reachable and in the inode table, link counts, entry
-//! counts and `..` links agree with the tree, and the free-page bitmap marks
-//! no page that no file owns.
+//! kind, every directory's list is sorted, loop-free and indexed by the
+//! right sentinels, every inode is reachable and in the inode table, link
+//! counts, entry counts and `..` links agree with the tree, and the
+//! free-page bitmap marks no page that no file owns.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -125,15 +125,6 @@ impl Log {
         Ok(())
     }
 
-    /// Appends `rec` and makes it durable. `ENOSPC` if the log is full (the
-    /// caller checkpoints and retries).
-    pub fn append(&mut self, region: &Region, rec: &Record) -> Result<(), Errno> {
-        if !self.prepare(rec) {
-            return Err(Errno::ENOSPC);
-        }
-        self.append_prepared(region)
-    }
-
     /// Starts over at the area's beginning after a checkpoint that covers
     /// everything before `next_seq`. Old entries need no erasing: their
     /// sequence numbers are all lower, so a scan from `next_seq` stops at

@@ -72,9 +72,7 @@ pub struct Stats {
     /// Requests timed, and their total time.
     timed: [AtomicU64; KINDS],
     ns: [AtomicU64; KINDS],
-    checkpoints: AtomicU64,
     reclaimed: AtomicU64,
-    hints: [AtomicU64; 3],
     direct: AtomicU64,
 }
 
@@ -86,9 +84,7 @@ impl Stats {
             count: Default::default(),
             timed: Default::default(),
             ns: Default::default(),
-            checkpoints: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
-            hints: Default::default(),
             direct: AtomicU64::new(0),
         }
     }
@@ -113,15 +109,6 @@ impl Stats {
         r
     }
 
-    fn note_volume(&self, volume: &Volume) {
-        let h = volume.namespace().hint_stats();
-        self.hints[0].store(h.used, Ordering::Relaxed);
-        self.hints[1].store(h.stale, Ordering::Relaxed);
-        self.hints[2].store(h.absent, Ordering::Relaxed);
-        self.checkpoints
-            .store(volume.checkpoints(), Ordering::Relaxed);
-    }
-
     /// A copy of the counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         let per_kind = RequestKind::ALL
@@ -140,11 +127,12 @@ impl Stats {
             uptime: self.started.elapsed(),
             busy: Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
             per_kind,
-            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            // The volume's own counters are filled in by `Kfs::stats`.
+            checkpoints: 0,
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
-            hints_used: self.hints[0].load(Ordering::Relaxed),
-            hints_stale: self.hints[1].load(Ordering::Relaxed),
-            hints_absent: self.hints[2].load(Ordering::Relaxed),
+            hints_used: 0,
+            hints_stale: 0,
+            hints_absent: 0,
             direct: self.direct.load(Ordering::Relaxed),
         }
     }
@@ -261,7 +249,6 @@ impl Direct {
         let volume = guard.as_mut()?;
         let reply = self.stats.served(req.kind(), || volume.handle(req, creds));
         self.stats.direct.fetch_add(1, Ordering::Relaxed);
-        self.stats.note_volume(volume);
         Some(reply)
     }
 }
@@ -346,9 +333,17 @@ impl Kfs {
         self.doorbell.wake();
     }
 
-    /// Kfs's counters.
+    /// Kfs's counters. Those the volume keeps itself (pre-located address
+    /// checks, checkpoints) are read under its lock, here rather than on
+    /// every request.
     pub fn stats(&self) -> StatsSnapshot {
-        self.stats.snapshot()
+        let mut s = self.stats.snapshot();
+        if let Some(v) = self.volume.lock().as_ref() {
+            let h = v.namespace().hint_stats();
+            (s.hints_used, s.hints_stale, s.hints_absent) = (h.used, h.stale, h.absent);
+            s.checkpoints = v.checkpoints();
+        }
+        s
     }
 
     fn stop(&mut self) -> Result<()> {
@@ -446,9 +441,9 @@ impl Server {
                 self.reclaim();
                 if idle.min(last_direct.elapsed()) >= self.config.idle_checkpoint {
                     if let Some(v) = self.volume.lock().as_mut() {
-                        if v.checkpoint_if_dirty().unwrap_or(false) {
-                            self.stats.note_volume(v);
-                        }
+                        // Best effort: a failed idle checkpoint is retried
+                        // when the log fills.
+                        let _ = v.checkpoint_if_dirty();
                     }
                 }
                 let clients = &self.clients;
@@ -495,9 +490,6 @@ impl Server {
                     served += 1;
                 }
             }
-        }
-        if let Some(v) = guard.as_ref().and_then(|g| g.as_ref()) {
-            self.stats.note_volume(v);
         }
         served
     }

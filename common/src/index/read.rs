@@ -30,15 +30,6 @@ impl Kind {
         }
     }
 
-    /// The `S_IFMT` bits of this kind.
-    pub fn mode_bits(self) -> u32 {
-        match self {
-            Kind::File => libc::S_IFREG,
-            Kind::Dir => libc::S_IFDIR,
-            Kind::Symlink => libc::S_IFLNK,
-        }
-    }
-
     /// The byte stored in a dirent.
     pub fn to_byte(self) -> u8 {
         match self {
@@ -151,11 +142,6 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// The memory read.
     pub fn mem(&self) -> &'a W {
         self.mem
-    }
-
-    /// True if the arena carries the index magic.
-    pub fn is_index(&self) -> bool {
-        self.mem.load_u64(HDR_MAGIC, Ordering::Acquire) == MAGIC
     }
 
     /// Offset of the root directory's inode.

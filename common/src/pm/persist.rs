@@ -52,11 +52,6 @@ impl Hardware {
             instr: FlushInstr::detect(),
         }
     }
-
-    /// The flush instruction in use.
-    pub fn flush_instr(&self) -> FlushInstr {
-        self.instr
-    }
 }
 
 impl Default for Hardware {

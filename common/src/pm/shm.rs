@@ -326,12 +326,6 @@ impl ShmView {
     pub fn address(&self) -> usize {
         self.map.addr()
     }
-
-    /// Sleeps while the word at `offset` equals `expected` (reading a futex
-    /// word needs no write access).
-    pub fn futex_wait(&self, offset: u64, expected: u32, timeout: Option<Duration>) -> Result<()> {
-        self.map.futex_wait(offset, expected, timeout)
-    }
 }
 
 #[cfg(test)]
