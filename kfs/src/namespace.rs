@@ -447,10 +447,10 @@ impl Namespace {
         }
         // In a set-group-ID directory, new entries take its group, and new
         // directories its set-group-ID bit too.
-        let parent = self.reader().attr(p.dir).ok_or(Errno::EIO)?;
-        let (mode, gid) = if parent.mode & libc::S_ISGID != 0 {
+        // Kfs's own fields: read directly, without the sequence lock.
+        let (mode, gid) = if self.reader().mode(p.dir) & libc::S_ISGID != 0 {
             let bit = if kind == Kind::Dir { libc::S_ISGID } else { 0 };
-            (mode | bit, parent.gid)
+            (mode | bit, self.arena.get32(p.dir + I_GID))
         } else {
             (mode, creds.gid)
         };
@@ -537,13 +537,12 @@ impl Namespace {
         }
         let r = self.reader();
         let inode = r.dirent_inode(found);
-        let attr = r.attr(inode).ok_or(Errno::EIO)?;
-        let is_dir = attr.kind() == Some(Kind::Dir);
+        let is_dir = r.kind(inode).ok_or(Errno::EIO)? == Kind::Dir;
         if rmdir {
             if !is_dir {
                 return Err(Errno::ENOTDIR);
             }
-            if attr.entries > 0 {
+            if self.arena.get(inode + I_ENTRIES) > 0 {
                 return Err(Errno::ENOTEMPTY);
             }
         } else if is_dir {
@@ -555,7 +554,7 @@ impl Namespace {
             record: Record::Unlink {
                 parent: r.ino(p.dir),
                 name: Cow::Borrowed(name),
-                ino: attr.ino,
+                ino: r.ino(inode),
                 time,
             },
             plan: Plan {
