@@ -1,0 +1,71 @@
+//! Attribute changes and file-system statistics through the `Fs` API:
+//! chown and lchown (which must not follow a final symlink), set_times,
+//! set_permissions through a symlink, and statfs's inode counts, all
+//! surviving a reopen.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use kucofs_ulib::{Fs, Permissions};
+
+#[test]
+fn owners_times_permissions_and_statfs() {
+    let dir = tempfile::Builder::new()
+        .prefix("kucofs-attr-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let image = dir.path().join("img");
+    let fs = Fs::create(&image, 16 << 20).unwrap();
+    let before = fs.statfs().unwrap();
+    fs.create_file("f").unwrap();
+    fs.symlink("f", "l").unwrap();
+    let after = fs.statfs().unwrap();
+    assert_eq!(after.files_free, before.files_free - 2);
+    assert_eq!(
+        (after.files, after.name_max, after.block_size),
+        (before.files, 255, 4096)
+    );
+
+    fs.chown("l", Some(1234), None).unwrap();
+    assert_eq!(
+        fs.metadata("f").unwrap().uid(),
+        1234,
+        "chown follows the symlink"
+    );
+    assert_ne!(fs.symlink_metadata("l").unwrap().uid(), 1234);
+    fs.lchown("l", Some(77), Some(88)).unwrap();
+    let link = fs.symlink_metadata("l").unwrap();
+    assert_eq!((link.uid(), link.gid()), (77, 88));
+    assert_eq!(
+        fs.metadata("f").unwrap().uid(),
+        1234,
+        "lchown left the target alone"
+    );
+
+    let atime = UNIX_EPOCH + Duration::new(1_000_000, 5);
+    let mtime = UNIX_EPOCH + Duration::new(2_000_000, 7);
+    fs.set_times("l", Some(atime), Some(mtime)).unwrap();
+    fs.set_permissions("l", Permissions::from_mode(0o640))
+        .unwrap();
+    let check = |fs: &Fs| {
+        let m = fs.metadata("f").unwrap();
+        assert_eq!(m.accessed().unwrap(), atime);
+        assert_eq!(m.modified().unwrap(), mtime);
+        assert_eq!(m.permissions().mode(), 0o640);
+        assert_eq!(m.uid(), 1234);
+        assert_eq!(
+            fs.symlink_metadata("l").unwrap().permissions().mode(),
+            0o777
+        );
+    };
+    check(&fs);
+    assert_eq!(
+        fs.chown("missing", Some(1), None)
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENOENT)
+    );
+    fs.close().unwrap();
+    let fs = Fs::open(&image).unwrap();
+    check(&fs);
+    assert_eq!(fs.statfs().unwrap(), after);
+}
