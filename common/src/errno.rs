@@ -37,6 +37,7 @@ errnos!(
     EACCES,
     EFAULT,
     EBUSY,
+    ETXTBSY,
     EEXIST,
     EXDEV,
     ENOTDIR,

@@ -102,6 +102,116 @@ pub enum Request<'a> {
     },
     /// Do nothing and reply (to measure a round trip).
     Ping,
+    /// Open the file `path` names (following symlinks), with [`open`]
+    /// flags; creating it with `mode` if asked. A write open takes the
+    /// file's write lease for this client.
+    Open {
+        path: &'a [u8],
+        flags: u32,
+        mode: u32,
+        hint: Option<Hint>,
+    },
+    /// Close a file opened by this client (a write open gives back its
+    /// share of the lease).
+    Close { ino: u64, write: bool },
+    /// Ask for a pool of up to `pages` free data pages for this thread's
+    /// slot, made writable for this client. The reply's `inode` is the first
+    /// page, its `value` the count.
+    Grant { pages: u32 },
+    /// Commit a copy-on-write: file pages `first..` now live in the pool
+    /// pages `extents` name, in order, and the file is at least `size`
+    /// bytes long. Needs the write lease.
+    Commit {
+        ino: u64,
+        first: u64,
+        size: u64,
+        extents: Extents,
+    },
+    /// Set a file's size (needs the write lease).
+    Truncate { ino: u64, size: u64 },
+    /// Give back the pool pages of this thread's slot that are still unused.
+    ReleasePool,
+}
+
+/// Flags of [`Request::Open`].
+pub mod open {
+    /// Open for writing (takes the write lease).
+    pub const WRITE: u32 = 1;
+    /// Create the file if it does not exist.
+    pub const CREATE: u32 = 2;
+    /// With `CREATE`: fail with `EEXIST` if it exists.
+    pub const EXCL: u32 = 4;
+    /// Cut the file to length 0 (with `WRITE`).
+    pub const TRUNC: u32 = 8;
+    /// Every flag.
+    pub const ALL: u32 = WRITE | CREATE | EXCL | TRUNC;
+}
+
+/// A run of consecutive data pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extent {
+    /// First page (a page number in the region).
+    pub start: u64,
+    /// Pages.
+    pub len: u32,
+}
+
+/// Most extents in one commit.
+pub const EXTENTS_MAX: usize = 8;
+/// Most pages in one commit (1 MiB).
+pub const COMMIT_PAGES_MAX: u64 = 256;
+
+/// The pages of a commit: up to [`EXTENTS_MAX`] extents.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extents {
+    n: u8,
+    runs: [Extent; EXTENTS_MAX],
+}
+
+impl Extents {
+    /// No pages.
+    pub const fn new() -> Extents {
+        Extents {
+            n: 0,
+            runs: [Extent { start: 0, len: 0 }; EXTENTS_MAX],
+        }
+    }
+
+    /// Appends `len` pages from `start`, merging with the last run when
+    /// they continue it; `false` if the list is full.
+    pub fn push(&mut self, start: u64, len: u32) -> bool {
+        if let Some(last) = self.as_slice().last() {
+            if last.start + u64::from(last.len) == start {
+                if let Some(l) = last.len.checked_add(len) {
+                    self.runs[self.n as usize - 1].len = l;
+                    return true;
+                }
+            }
+        }
+        if self.n as usize == EXTENTS_MAX {
+            return false;
+        }
+        self.runs[self.n as usize] = Extent { start, len };
+        self.n += 1;
+        true
+    }
+
+    /// The runs.
+    pub fn as_slice(&self) -> &[Extent] {
+        &self.runs[..self.n as usize]
+    }
+
+    /// Total pages.
+    pub fn pages(&self) -> u64 {
+        self.as_slice().iter().map(|e| u64::from(e.len)).sum()
+    }
+
+    /// Every page, in order.
+    pub fn iter_pages(&self) -> impl Iterator<Item = u64> + '_ {
+        self.as_slice()
+            .iter()
+            .flat_map(|e| e.start..e.start + u64::from(e.len))
+    }
 }
 
 /// Kfs's answer.
@@ -115,6 +225,8 @@ pub struct Reply {
     pub inode: u64,
     /// Its generation.
     pub gen: u32,
+    /// A request's own result (a granted pool's page count).
+    pub value: u64,
 }
 
 impl Reply {
@@ -142,6 +254,7 @@ impl Reply {
         b[4..8].copy_from_slice(&self.gen.to_le_bytes());
         b[8..16].copy_from_slice(&self.ino.to_le_bytes());
         b[16..24].copy_from_slice(&self.inode.to_le_bytes());
+        b[24..32].copy_from_slice(&self.value.to_le_bytes());
         b
     }
 
@@ -158,6 +271,7 @@ impl Reply {
             gen: u32_at(4),
             ino: u64_at(8),
             inode: u64_at(16),
+            value: u64_at(24),
         }
     }
 }
@@ -169,6 +283,12 @@ mod op {
     pub const RENAME: u16 = 4;
     pub const SETATTR: u16 = 5;
     pub const PING: u16 = 6;
+    pub const OPEN: u16 = 7;
+    pub const CLOSE: u16 = 8;
+    pub const GRANT: u16 = 9;
+    pub const COMMIT: u16 = 10;
+    pub const TRUNCATE: u16 = 11;
+    pub const RELEASE_POOL: u16 = 12;
 }
 
 /// Bytes before the body: version u16, op u16, body length u32, and the
@@ -209,8 +329,10 @@ impl<'a> Request<'a> {
         let strings: [&[u8]; 2] = match self {
             Request::Create { path, target, .. } => [path, target],
             Request::Link { from, to, .. } | Request::Rename { from, to, .. } => [from, to],
-            Request::Unlink { path, .. } | Request::SetAttr { path, .. } => [path, b""],
-            Request::Ping => [b"", b""],
+            Request::Unlink { path, .. }
+            | Request::SetAttr { path, .. }
+            | Request::Open { path, .. } => [path, b""],
+            _ => [b"", b""],
         };
         if strings.iter().any(|s| s.len() > STRING_MAX) {
             return Err(Errno::ENAMETOOLONG);
@@ -272,6 +394,49 @@ impl<'a> Request<'a> {
                 op::SETATTR
             }
             Request::Ping => op::PING,
+            Request::Open {
+                path,
+                flags,
+                mode,
+                hint,
+            } => {
+                w.bytes(path);
+                w.u32(*flags);
+                w.u32(*mode);
+                put_hint(&mut w, hint);
+                op::OPEN
+            }
+            Request::Close { ino, write } => {
+                w.u64(*ino);
+                w.bool(*write);
+                op::CLOSE
+            }
+            Request::Grant { pages } => {
+                w.u32(*pages);
+                op::GRANT
+            }
+            Request::Commit {
+                ino,
+                first,
+                size,
+                extents,
+            } => {
+                w.u64(*ino);
+                w.u64(*first);
+                w.u64(*size);
+                w.u8(extents.n);
+                for e in extents.as_slice() {
+                    w.u64(e.start);
+                    w.u32(e.len);
+                }
+                op::COMMIT
+            }
+            Request::Truncate { ino, size } => {
+                w.u64(*ino);
+                w.u64(*size);
+                op::TRUNCATE
+            }
+            Request::ReleasePool => op::RELEASE_POOL,
         };
         let len = out.len();
         let body = (len - HEADER) as u32;
@@ -339,6 +504,43 @@ impl<'a> Request<'a> {
                 },
             },
             op::PING => Request::Ping,
+            op::OPEN => Request::Open {
+                path: r.bytes(STRING_MAX)?,
+                flags: r.u32()?,
+                mode: r.u32()?,
+                hint: get_hint(&mut r)?,
+            },
+            op::CLOSE => Request::Close {
+                ino: r.u64()?,
+                write: r.bool()?,
+            },
+            op::GRANT => Request::Grant { pages: r.u32()? },
+            op::COMMIT => {
+                let (ino, first, size) = (r.u64()?, r.u64()?, r.u64()?);
+                let n = r.u8()?;
+                if n as usize > EXTENTS_MAX {
+                    return Err(Errno::EPROTO);
+                }
+                let mut extents = Extents::new();
+                for i in 0..n as usize {
+                    extents.runs[i] = Extent {
+                        start: r.u64()?,
+                        len: r.u32()?,
+                    };
+                }
+                extents.n = n;
+                Request::Commit {
+                    ino,
+                    first,
+                    size,
+                    extents,
+                }
+            }
+            op::TRUNCATE => Request::Truncate {
+                ino: r.u64()?,
+                size: r.u64()?,
+            },
+            op::RELEASE_POOL => Request::ReleasePool,
             _ => return Err(Errno::EPROTO),
         };
         if !r.done() {
@@ -361,6 +563,12 @@ impl<'a> Request<'a> {
             Request::Rename { .. } => RequestKind::Rename,
             Request::SetAttr { .. } => RequestKind::SetAttr,
             Request::Ping => RequestKind::Ping,
+            Request::Open { .. } => RequestKind::Open,
+            Request::Close { .. } => RequestKind::Close,
+            Request::Grant { .. } => RequestKind::Grant,
+            Request::Commit { .. } => RequestKind::Commit,
+            Request::Truncate { .. } => RequestKind::Truncate,
+            Request::ReleasePool => RequestKind::ReleasePool,
         }
     }
 }
@@ -386,13 +594,25 @@ pub enum RequestKind {
     SetAttr,
     #[allow(missing_docs)]
     Ping,
+    #[allow(missing_docs)]
+    Open,
+    #[allow(missing_docs)]
+    Close,
+    #[allow(missing_docs)]
+    Grant,
+    #[allow(missing_docs)]
+    Commit,
+    #[allow(missing_docs)]
+    Truncate,
+    #[allow(missing_docs)]
+    ReleasePool,
     /// A request that failed to decode.
     Malformed,
 }
 
 impl RequestKind {
     /// Every kind, in display order.
-    pub const ALL: [RequestKind; 10] = [
+    pub const ALL: [RequestKind; 16] = [
         RequestKind::Create,
         RequestKind::Mkdir,
         RequestKind::Symlink,
@@ -402,6 +622,12 @@ impl RequestKind {
         RequestKind::Rename,
         RequestKind::SetAttr,
         RequestKind::Ping,
+        RequestKind::Open,
+        RequestKind::Close,
+        RequestKind::Grant,
+        RequestKind::Commit,
+        RequestKind::Truncate,
+        RequestKind::ReleasePool,
         RequestKind::Malformed,
     ];
 }
@@ -439,7 +665,8 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..6u8, flip in any::<prop::sample::Index>()
+            which in 0..12u8, flip in any::<prop::sample::Index>(),
+            x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
             let req = match which {
                 0 => Request::Create { path: &a, mode, target: &b, hint: h1 },
@@ -447,6 +674,18 @@ mod tests {
                 2 => Request::Unlink { path: &a, rmdir: mode & 1 == 1, hint: h1 },
                 3 => Request::Rename { from: &a, to: &b, noreplace: true, hint_from: h1, hint_to: h2 },
                 4 => Request::SetAttr { path: &a, follow: false, attrs: SetAttrs { mode: Some(mode), ..SetAttrs::default() } },
+                5 => Request::Open { path: &a, flags: mode, mode: mode >> 3, hint: h1 },
+                6 => Request::Close { ino: x, write: y & 1 == 1 },
+                7 => Request::Grant { pages: mode },
+                8 => {
+                    let mut extents = Extents::new();
+                    for (s, l) in &runs {
+                        extents.push(*s, *l);
+                    }
+                    Request::Commit { ino: x, first: y, size: x ^ y, extents }
+                }
+                9 => Request::Truncate { ino: x, size: y },
+                10 => Request::ReleasePool,
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();
@@ -484,6 +723,7 @@ mod tests {
             ino: 7,
             inode: 4096,
             gen: 3,
+            value: 9,
         };
         assert_eq!(Reply::decode(&r.encode()), r);
         assert_eq!(r.result(), Err(Errno::ENOENT));

@@ -212,21 +212,33 @@ impl Arena {
         if self.retired.is_empty() {
             return Ok(0);
         }
-        // SeqCst: the new epoch is ordered before the slot loads below in the
-        // single total order, pairing with a reader's SeqCst store of its
-        // slot followed by its SeqCst re-load of the epoch: either we see
-        // its slot, or it sees the new epoch (and cannot reach what was
-        // unlinked before it).
+        let epoch = self.advance_epoch()?;
+        let oldest_reader = readers
+            .filter(|&s| s != 0)
+            .map(|s| s - 1)
+            .min()
+            .unwrap_or(epoch);
+        self.free_retired(oldest_reader)
+    }
+
+    /// Starts a new epoch and returns it. The caller then loads every
+    /// reader's epoch slot: SeqCst orders the new epoch before those loads
+    /// in the single total order, pairing with a reader's SeqCst store of
+    /// its slot followed by its SeqCst re-load of the epoch: either Kfs
+    /// sees its slot, or it sees the new epoch (and cannot reach what was
+    /// unlinked before it).
+    pub fn advance_epoch(&mut self) -> Result<u64, Errno> {
         let next = self.get(HDR_EPOCH) + 1;
         self.shm
             .store_u64(HDR_EPOCH, next, Ordering::SeqCst)
             .map_err(|_| Errno::EFAULT)?;
         fence(Ordering::SeqCst);
-        let oldest_reader = readers
-            .filter(|&s| s != 0)
-            .map(|s| s - 1)
-            .min()
-            .unwrap_or(u64::MAX);
+        Ok(next)
+    }
+
+    /// Frees (at most [`RECLAIM_BATCH`] of) the items retired before
+    /// `oldest_reader`'s epoch.
+    pub fn free_retired(&mut self, oldest_reader: u64) -> Result<usize, Errno> {
         let mut freed = 0;
         while let Some(&(epoch, off)) = self.retired.front() {
             // Bounded, so that the lock around the volume is not held long

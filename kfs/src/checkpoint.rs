@@ -11,6 +11,8 @@
 //! ```text
 //! inode: 1u8, ino u64, mode u32, nlink u32, uid u32, gid u32, size u64,
 //!        atime i64, mtime i64, ctime i64, btime i64, target (u32 len + bytes)
+//! pages: 3u8, ino u64, runs u32, then per run: file page u64, data page u64,
+//!        pages u32 (after a regular file's inode record, if it holds any)
 //! entry: 2u8, parent ino u64, ino u64, name (u32 len + bytes)
 //! ```
 
@@ -25,6 +27,7 @@ use crate::namespace::Namespace;
 
 const INODE: u8 = 1;
 const ENTRY: u8 = 2;
+const PAGES: u8 = 3;
 
 /// A serialized namespace.
 #[derive(Debug)]
@@ -59,6 +62,25 @@ pub fn serialize(ns: &Namespace) -> Body {
                 w.u64(t as u64);
             }
             w.bytes(&target.unwrap_or_default());
+            if a.kind() == Some(kucofs_common::index::Kind::File) {
+                let mut runs: Vec<(u64, u64, u32)> = Vec::new();
+                ns.file_pages(a.offset, |fp, dp| match runs.last_mut() {
+                    Some(r) if r.0 + u64::from(r.2) == fp && r.1 + u64::from(r.2) == dp => {
+                        r.2 += 1
+                    }
+                    _ => runs.push((fp, dp, 1)),
+                });
+                if !runs.is_empty() {
+                    w.u8(PAGES);
+                    w.u64(a.ino);
+                    w.u32(runs.len() as u32);
+                    for (fp, dp, n) in runs {
+                        w.u64(fp);
+                        w.u64(dp);
+                        w.u32(n);
+                    }
+                }
+            }
         },
         |parent, name, ino| {
             entries += 1;
@@ -188,6 +210,39 @@ pub fn load(body: &[u8]) -> Result<Namespace, String> {
                         String::from_utf8_lossy(name)
                     )
                 })?;
+            }
+            PAGES => {
+                let mut head = || -> Result<(u64, u32), Errno> { Ok((r.u64()?, r.u32()?)) };
+                let (ino, runs) = head().map_err(|e| bad("pages", e))?;
+                let inode = ns.reader().inode_by_ino(ino);
+                let a = ns.reader().attr(inode);
+                let Some(a) = a.filter(|a| a.kind() == Some(kucofs_common::index::Kind::File))
+                else {
+                    return Err(format!(
+                        "checkpoint record {n}: pages of {ino}, which is no regular file"
+                    ));
+                };
+                for _ in 0..runs {
+                    let mut run = || -> Result<(u64, u64, u32), Errno> {
+                        Ok((r.u64()?, r.u64()?, r.u32()?))
+                    };
+                    let (fp, dp, len) = run().map_err(|e| bad("pages", e))?;
+                    if dp.checked_add(u64::from(len)).is_none()
+                        || fp.checked_add(u64::from(len)).is_none()
+                    {
+                        return Err(format!("checkpoint record {n}: pages of {ino} overflow"));
+                    }
+                    // Loaded a commit's worth at a time.
+                    let mut done = 0u64;
+                    while done < u64::from(len) {
+                        let k = (u64::from(len) - done).min(256);
+                        let pages: Vec<u64> = (dp + done..dp + done + k).collect();
+                        ns.load_pages(inode, fp + done, &pages, &a).map_err(|e| {
+                            format!("checkpoint record {n}: pages of {ino}: {e:?}")
+                        })?;
+                        done += k;
+                    }
+                }
             }
             t => return Err(format!("checkpoint record {n}: unknown type {t}")),
         }

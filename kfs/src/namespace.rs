@@ -80,6 +80,11 @@ pub struct Namespace {
     /// sorting `free_inos` when empty.
     ordered_inos: Vec<u64>,
     hints: HintStats,
+    /// Data pages replaced or dropped since Kfs last collected them.
+    replaced: Vec<u64>,
+    /// Open counts of files some client has open: an unlinked file stays
+    /// until its last close.
+    open: std::collections::HashMap<u64, u32>,
 }
 
 /// Nanoseconds since the Unix epoch.
@@ -102,6 +107,8 @@ impl Namespace {
             free_inos: Vec::new(),
             ordered_inos: Vec::new(),
             hints: HintStats::default(),
+            replaced: Vec::new(),
+            open: std::collections::HashMap::new(),
         };
         let root_inode = ns.new_inode(
             ROOT_INO,
@@ -130,6 +137,54 @@ impl Namespace {
     /// The arena (allocation and reclamation figures).
     pub fn arena(&self) -> &Arena {
         &self.arena
+    }
+
+    /// Loads a word of the index through Kfs's mapping.
+    pub fn shm_u64(&self, off: u64) -> u64 {
+        self.arena.get(off)
+    }
+
+    /// The current reclamation epoch.
+    pub fn epoch(&self) -> u64 {
+        self.arena.get(HDR_EPOCH)
+    }
+
+    /// Starts a new reclamation epoch; returns it.
+    pub fn advance_epoch(&mut self) -> Result<u64, Errno> {
+        self.arena.advance_epoch()
+    }
+
+    /// Frees retired items no reader older than `oldest_reader` can hold.
+    pub fn free_retired(&mut self, oldest_reader: u64) -> Result<usize, Errno> {
+        self.arena.free_retired(oldest_reader)
+    }
+
+    /// Counts an open of file `ino`.
+    pub fn pin(&mut self, ino: u64) {
+        *self.open.entry(ino).or_default() += 1;
+    }
+
+    /// Counts a close of file `ino`; at the last close of a file without a
+    /// name, drops it.
+    pub fn unpin(&mut self, ino: u64) -> Result<(), Errno> {
+        let Some(n) = self.open.get_mut(&ino) else {
+            return Err(Errno::EBADF);
+        };
+        *n -= 1;
+        if *n > 0 {
+            return Ok(());
+        }
+        self.open.remove(&ino);
+        let inode = self.inode_of(ino)?;
+        if self.nlink(inode) == 0 {
+            self.drop_inode(inode)?;
+        }
+        Ok(())
+    }
+
+    /// The inode of file number `ino` (`ENOENT` if none).
+    pub fn file_inode(&self, ino: u64) -> Result<u64, Errno> {
+        self.inode_of(ino)
     }
 
     /// Frees retired items no reader can hold (see [`Arena::reclaim`]).
@@ -311,15 +366,20 @@ impl Namespace {
         Ok(())
     }
 
-    /// Retires an inode and what hangs off it, and frees its number.
+    /// Retires an inode and what hangs off it, and frees its number; a
+    /// file that is still open stays, nameless, until its last close.
     fn drop_inode(&mut self, inode: u64) -> Result<(), Errno> {
         let r = self.reader();
         let ino = r.ino(inode);
         let kind = r.kind(inode);
+        if kind == Some(Kind::File) && self.open.contains_key(&ino) {
+            return Ok(());
+        }
         let data = self.arena.get(inode + I_DATA);
         match kind {
             Some(Kind::Dir) => self.drop_dir_list(inode)?,
             Some(Kind::Symlink) if data != 0 => self.arena.retire(data)?,
+            Some(Kind::File) => self.drop_map(inode)?,
             _ => {}
         }
         self.itable_set(ino, 0)?;
@@ -401,6 +461,13 @@ impl Namespace {
                 }))
             }
             Request::Ping => Ok(Outcome::Done(Reply::default())),
+            // Data requests are the volume's.
+            Request::Open { .. }
+            | Request::Close { .. }
+            | Request::Grant { .. }
+            | Request::Commit { .. }
+            | Request::Truncate { .. }
+            | Request::ReleasePool => Err(Errno::EINVAL),
         }
     }
 
@@ -670,6 +737,7 @@ impl Namespace {
             ino: r.ino(inode),
             inode,
             gen: header_gen(r.header(inode)),
+            value: 0,
         }
     }
 
@@ -791,6 +859,35 @@ impl Namespace {
                     }
                     a.put(inode + I_CTIME, *time as u64)
                 })?;
+                Ok(self.reply_for(inode))
+            }
+            Record::Write {
+                ino,
+                first,
+                extents,
+                size,
+                time,
+            } => {
+                // A file written while open after its last name went, and
+                // dropped since (replay after a crash): nothing to do.
+                let Ok(inode) = self.inode_of(*ino) else {
+                    return Ok(Reply::default());
+                };
+                if self.reader().kind(inode) != Some(Kind::File) {
+                    return Err(Errno::EINVAL);
+                }
+                let pages: Vec<u64> = extents.iter_pages().collect();
+                self.write_pages(inode, *first, &pages, *size, *time)?;
+                Ok(self.reply_for(inode))
+            }
+            Record::Truncate { ino, size, time } => {
+                let Ok(inode) = self.inode_of(*ino) else {
+                    return Ok(Reply::default());
+                };
+                if self.reader().kind(inode) != Some(Kind::File) {
+                    return Err(Errno::EINVAL);
+                }
+                self.truncate_file(inode, *size, *time)?;
                 Ok(self.reply_for(inode))
             }
         }
@@ -969,6 +1066,7 @@ impl Namespace {
 }
 
 mod dir;
+mod map;
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use kucofs_common::codec::{Reader, Writer};
-pub use kucofs_common::proto::SetAttrs;
+pub use kucofs_common::proto::{Extents, SetAttrs};
 use kucofs_common::Errno;
 
 /// One metadata change.
@@ -54,6 +54,19 @@ pub enum Record<'a> {
         attrs: SetAttrs,
         time: i64,
     },
+    /// A copy-on-write commit: pages `first..` of file `ino` now live in
+    /// the data pages `extents` name, in order, and the file is `size`
+    /// bytes long. The data pages were persisted before this record.
+    Write {
+        ino: u64,
+        first: u64,
+        extents: Extents,
+        size: u64,
+        time: i64,
+    },
+    /// File `ino` is cut or extended to `size` bytes; pages past the end
+    /// are dropped.
+    Truncate { ino: u64, size: u64, time: i64 },
 }
 
 /// Operation codes in the log.
@@ -64,6 +77,8 @@ pub mod op {
     pub const UNLINK: u16 = 3;
     pub const RENAME: u16 = 4;
     pub const SETATTR: u16 = 5;
+    pub const WRITE: u16 = 6;
+    pub const TRUNCATE: u16 = 7;
 }
 
 const NAME: usize = kucofs_common::index::NAME_MAX;
@@ -131,6 +146,20 @@ impl<'a> Record<'a> {
                 time,
             },
             Record::SetAttr { ino, attrs, time } => Record::SetAttr { ino, attrs, time },
+            Record::Write {
+                ino,
+                first,
+                extents,
+                size,
+                time,
+            } => Record::Write {
+                ino,
+                first,
+                extents,
+                size,
+                time,
+            },
+            Record::Truncate { ino, size, time } => Record::Truncate { ino, size, time },
         }
     }
 
@@ -142,6 +171,8 @@ impl<'a> Record<'a> {
             Record::Unlink { .. } => op::UNLINK,
             Record::Rename { .. } => op::RENAME,
             Record::SetAttr { .. } => op::SETATTR,
+            Record::Write { .. } => op::WRITE,
+            Record::Truncate { .. } => op::TRUNCATE,
         }
     }
 
@@ -209,6 +240,28 @@ impl<'a> Record<'a> {
                 w.opt64(attrs.mtime);
                 w.u64(*time as u64);
             }
+            Record::Write {
+                ino,
+                first,
+                extents,
+                size,
+                time,
+            } => {
+                w.u64(*ino);
+                w.u64(*first);
+                w.u64(*size);
+                w.u64(*time as u64);
+                w.u8(extents.as_slice().len() as u8);
+                for e in extents.as_slice() {
+                    w.u64(e.start);
+                    w.u32(e.len);
+                }
+            }
+            Record::Truncate { ino, size, time } => {
+                w.u64(*ino);
+                w.u64(*size);
+                w.u64(*time as u64);
+            }
         }
     }
 
@@ -264,6 +317,36 @@ impl<'a> Record<'a> {
                     atime: r.opt64()?,
                     mtime: r.opt64()?,
                 },
+                time: r.u64()? as i64,
+            },
+            op::WRITE => {
+                let (ino, first, size, time) = (r.u64()?, r.u64()?, r.u64()?, r.u64()? as i64);
+                let n = r.u8()?;
+                if n as usize > kucofs_common::proto::EXTENTS_MAX {
+                    return Err(Errno::EPROTO);
+                }
+                let mut extents = Extents::new();
+                for _ in 0..n {
+                    let (start, len) = (r.u64()?, r.u32()?);
+                    // Written merged, so each run pushes as its own.
+                    if len == 0 || !extents.push(start, len) {
+                        return Err(Errno::EPROTO);
+                    }
+                }
+                if extents.as_slice().len() != n as usize {
+                    return Err(Errno::EPROTO);
+                }
+                Record::Write {
+                    ino,
+                    first,
+                    extents,
+                    size,
+                    time,
+                }
+            }
+            op::TRUNCATE => Record::Truncate {
+                ino: r.u64()?,
+                size: r.u64()?,
                 time: r.u64()? as i64,
             },
             _ => return Err(Errno::EPROTO),
@@ -361,6 +444,22 @@ mod tests {
                     },
                     time
                 }),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                proptest::collection::vec((0u64..1 << 40, 1u32..300), 0..=8),
+                any::<u64>(),
+                any::<i64>()
+            )
+                .prop_map(|(ino, first, runs, size, time)| {
+                    let mut extents = Extents::new();
+                    for (start, len) in runs {
+                        extents.push(start * 1024, len);
+                    }
+                    Record::Write { ino, first, extents, size, time }
+                }),
+            (any::<u64>(), any::<u64>(), any::<i64>())
+                .prop_map(|(ino, size, time)| Record::Truncate { ino, size, time }),
         ]
     }
 
@@ -379,7 +478,7 @@ mod tests {
         }
 
         #[test]
-        fn garbage_never_panics(op in 0u16..8, bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        fn garbage_never_panics(op in 0u16..10, bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Record::decode(op, &bytes);
         }
     }

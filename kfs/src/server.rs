@@ -25,7 +25,8 @@ use kucofs_common::proto::{Creds, Reply, Request, RequestKind, REQUEST_MAX};
 use parking_lot::Mutex;
 
 use crate::provision::Provisioner;
-use crate::volume::Volume;
+use crate::volume::{Caller, Readers, Volume};
+use kucofs_common::pm::{Protection, Protector};
 use crate::{Error, Result};
 
 /// How the Kfs thread polls.
@@ -212,6 +213,11 @@ pub struct Client {
     pub segment: Segment,
     /// The credentials its changes are made with.
     pub creds: Creds,
+    /// How Kfs changes the protection of the client's view of the region
+    /// (embedded mode: the view is in Kfs's own process).
+    pub protector: Option<Protector>,
+    /// When its committed pages become read-only again.
+    pub protection: Protection,
 }
 
 /// A running Kfs thread.
@@ -222,8 +228,10 @@ pub struct Kfs {
     crash: Arc<AtomicBool>,
     doorbell: Doorbell,
     stats: Arc<Stats>,
-    clients: Arc<Mutex<Vec<Client>>>,
+    clients: Arc<Mutex<Vec<(u32, Client)>>>,
     new_clients: Arc<AtomicBool>,
+    next_client: std::sync::atomic::AtomicU32,
+    readers: Readers,
     volume: Shared,
 }
 
@@ -244,10 +252,10 @@ impl Direct {
     /// if another thread (a client, or Kfs keeping house) holds it;
     /// `None` if Kfs has stopped. Waiting beats queueing: a queued request
     /// would wait for the same lock, in the Kfs thread.
-    pub fn try_apply(&self, req: &Request<'_>, creds: Creds) -> Option<Reply> {
+    pub fn try_apply(&self, req: &Request<'_>, caller: Caller) -> Option<Reply> {
         let mut guard = self.volume.lock();
         let volume = guard.as_mut()?;
-        let reply = self.stats.served(req.kind(), || volume.handle(req, creds));
+        let reply = self.stats.served(req.kind(), || volume.handle(req, caller));
         self.stats.direct.fetch_add(1, Ordering::Relaxed);
         Some(reply)
     }
@@ -261,6 +269,9 @@ impl Kfs {
         let stats = Arc::new(Stats::new());
         let clients = Arc::new(Mutex::new(Vec::new()));
         let new_clients = Arc::new(AtomicBool::new(false));
+        let readers = Readers::default();
+        let mut volume = volume;
+        volume.set_readers(readers.clone());
         let shared: Shared = Arc::new(Mutex::new(Some(volume)));
         let io = Error::Region;
         let bell = doorbell.map_again().map_err(io)?;
@@ -313,6 +324,8 @@ impl Kfs {
             stats,
             clients,
             new_clients,
+            next_client: std::sync::atomic::AtomicU32::new(0),
+            readers,
             volume: shared,
         })
     }
@@ -326,11 +339,19 @@ impl Kfs {
         }
     }
 
-    /// Adds a client; Kfs serves it from its next poll.
-    pub fn attach(&self, client: Client) {
-        self.clients.lock().push(client);
+    /// Adds a client; Kfs serves it from its next poll. Returns the
+    /// client's number (what its direct requests name as [`Caller::client`]).
+    pub fn attach(&self, client: Client) -> Result<u32> {
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        if let Some(v) = self.volume.lock().as_mut() {
+            v.attach_client(id, client.protector.clone(), client.protection);
+        }
+        let epochs = client.segment.map_again().map_err(Error::Region)?;
+        self.readers.lock().push(epochs);
+        self.clients.lock().push((id, client));
         self.new_clients.store(true, Ordering::Release);
         self.doorbell.wake();
+        Ok(id)
     }
 
     /// Kfs's counters. Those the volume keeps itself (pre-located address
@@ -383,14 +404,19 @@ impl Drop for Kfs {
 struct Server {
     provision: Option<Provisioner>,
     volume: Shared,
-    clients: Vec<Client>,
+    clients: Vec<(u32, Client)>,
     doorbell: Doorbell,
     stats: Arc<Stats>,
     config: ServerConfig,
 }
 
 impl Server {
-    fn run(&mut self, stop: &AtomicBool, incoming: &Mutex<Vec<Client>>, new_clients: &AtomicBool) {
+    fn run(
+        &mut self,
+        stop: &AtomicBool,
+        incoming: &Mutex<Vec<(u32, Client)>>,
+        new_clients: &AtomicBool,
+    ) {
         let mut buf = [0u8; REQUEST_MAX];
         let mut last_work = Instant::now();
         let mut since_reclaim = 0u32;
@@ -457,7 +483,7 @@ impl Server {
                 self.doorbell.sleep(nap, || {
                     stop.load(Ordering::Acquire)
                         || new_clients.load(Ordering::Acquire)
-                        || clients.iter().any(|c| c.segment.any_pending())
+                        || clients.iter().any(|c| c.1.segment.any_pending())
                 });
             }
         }
@@ -466,7 +492,7 @@ impl Server {
     fn poll(&mut self, buf: &mut [u8; REQUEST_MAX]) -> u32 {
         let mut served = 0;
         let mut guard = None;
-        for c in &self.clients {
+        for (id, c) in &self.clients {
             for w in 0..SLOTS / 64 {
                 let mut bits = c.segment.take_pending(w);
                 if bits == 0 {
@@ -481,10 +507,14 @@ impl Server {
                 while bits != 0 {
                     let slot = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
-                    let creds = c.creds;
+                    let caller = Caller {
+                        client: *id,
+                        slot: slot as u32,
+                        creds: c.creds,
+                    };
                     let stats = &self.stats;
                     c.segment.serve(slot, buf, |req| match req {
-                        Ok(r) => stats.served(r.kind(), || volume.handle(&r, creds)),
+                        Ok(r) => stats.served(r.kind(), || volume.handle(&r, caller)),
                         Err(e) => stats.served(RequestKind::Malformed, || Reply::err(e)),
                     });
                     served += 1;
@@ -497,12 +527,8 @@ impl Server {
     fn reclaim(&mut self) {
         let mut guard = self.volume.lock();
         let Some(volume) = guard.as_mut() else { return };
-        if volume.namespace().arena().retired() == 0 {
-            return;
-        }
-        let epochs = self.clients.iter().flat_map(|c| c.segment.epochs());
-        if let Ok(n) = volume.namespace_mut().reclaim(epochs) {
-            self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
-        }
+        volume.expire_protection();
+        let n = volume.reclaim_now();
+        self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
     }
 }

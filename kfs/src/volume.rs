@@ -11,12 +11,36 @@ use kucofs_common::pm::{Hardware, Persist};
 use kucofs_common::proto::{Creds, Reply, Request};
 use kucofs_common::Errno;
 
+use kucofs_common::channel::Segment;
+use kucofs_common::index::Kind;
+use parking_lot::Mutex;
+
 use crate::checkpoint;
 use crate::image::Image;
 use crate::log::Log;
 use crate::namespace::{Namespace, Outcome};
+use crate::pages::Pages;
 use crate::record::Record;
 use crate::{Error, Result};
+
+mod data;
+
+pub use data::POOL_MAX;
+
+/// Who sent a request: an attached client, the slot of the thread, and the
+/// credentials the change is made with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The client (an attached process).
+    pub client: u32,
+    /// The thread's request slot.
+    pub slot: u32,
+    /// Its credentials.
+    pub creds: Creds,
+}
+
+/// The request segments whose epoch slots hold back reclamation.
+pub type Readers = Arc<Mutex<Vec<Segment>>>;
 
 /// What recovery found in the log.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -81,7 +105,24 @@ pub fn recover(
         return Err(why);
     }
     ns.rebuild_free_inos();
+    // Pages replaced during replay are simply free: free space is rebuilt
+    // from the files.
+    ns.take_replaced();
     Ok((ns, replayed))
+}
+
+/// Every data page the files of `ns` hold.
+pub fn used_pages(ns: &Namespace) -> Vec<u64> {
+    let mut used = Vec::new();
+    ns.walk(
+        |a, _| {
+            if a.kind() == Some(Kind::File) {
+                ns.file_pages(a.offset, |_, p| used.push(p));
+            }
+        },
+        |_, _, _| {},
+    );
+    used
 }
 
 /// Writes the checkpoint of a fresh file system: a root directory owned by
@@ -103,6 +144,9 @@ pub struct Volume {
     log: Log,
     replayed: Replayed,
     checkpoints: u64,
+    pages: Pages,
+    data: data::DataState,
+    readers: Readers,
 }
 
 impl Volume {
@@ -123,6 +167,10 @@ impl Volume {
                     why,
                 }
             })?;
+        let pages = Pages::new(&sb.geometry, used_pages(&ns)).map_err(|why| Error::Recovery {
+            path: path.into(),
+            why,
+        })?;
         let log = Log::new(
             sb.geometry.log,
             replayed.bytes,
@@ -136,7 +184,41 @@ impl Volume {
             log,
             replayed,
             checkpoints: 0,
+            pages,
+            data: data::DataState::default(),
+            readers: Readers::default(),
         })
+    }
+
+    /// The request segments whose epochs reclamation must wait for.
+    pub fn set_readers(&mut self, readers: Readers) {
+        self.readers = readers;
+    }
+
+    /// The data pages.
+    pub fn pages(&self) -> &Pages {
+        &self.pages
+    }
+
+    /// Frees index items and data pages that no client thread can still
+    /// be reading; returns how many.
+    pub fn reclaim_now(&mut self) -> usize {
+        if self.ns.arena().retired() == 0 && self.pages.waiting() == 0 {
+            return 0;
+        }
+        let Ok(epoch) = self.ns.advance_epoch() else {
+            return 0;
+        };
+        let oldest = self
+            .readers
+            .lock()
+            .iter()
+            .flat_map(|s| s.epochs().collect::<Vec<_>>())
+            .filter(|&s| s != 0)
+            .map(|s| s - 1)
+            .min()
+            .unwrap_or(epoch);
+        self.ns.free_retired(oldest).unwrap_or(0) + self.pages.reclaim(oldest)
     }
 
     /// The namespace.
@@ -179,11 +261,36 @@ impl Volume {
         self.checkpoints
     }
 
-    /// Handles one metadata request: check it, log it durably, apply it.
-    pub fn handle(&mut self, req: &Request<'_>, creds: Creds) -> Reply {
-        match self.handle_inner(req, creds) {
+    /// Handles one request: check it, log it durably, apply it.
+    pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
+        let r = match self.handle_data(req, caller) {
+            Some(r) => r,
+            None => self.handle_inner(req, caller.creds),
+        };
+        match r {
             Ok(r) => r,
             Err(e) => Reply::err(e),
+        }
+    }
+
+    /// Makes `rec` durable in the log, checkpointing first if it does not
+    /// fit.
+    fn log_record(&mut self, rec: &Record<'_>) -> std::result::Result<(), Errno> {
+        if !self.log.prepare(rec) {
+            self.checkpoint()?;
+            if !self.log.prepare(rec) {
+                return Err(Errno::ENOSPC);
+            }
+        }
+        self.log.append_prepared(self.image.region())
+    }
+
+    /// Checkpoints once the log is three quarters full.
+    fn maybe_checkpoint(&mut self) {
+        if self.log.fill() > self.log.capacity() / 4 * 3 {
+            // Best effort: a failed checkpoint leaves the log to fill up,
+            // and the next change that does not fit retries it.
+            let _ = self.checkpoint();
         }
     }
 
@@ -196,19 +303,11 @@ impl Volume {
             Outcome::Done(r) => return Ok(r),
             Outcome::Change(p) => p,
         };
-        if !self.log.prepare(&p.record) {
-            self.checkpoint()?;
-            if !self.log.prepare(&p.record) {
-                return Err(Errno::ENOSPC);
-            }
-        }
-        self.log.append_prepared(self.image.region())?;
+        self.log_record(&p.record)?;
         let reply = self.ns.commit(p)?;
-        if self.log.fill() > self.log.capacity() / 4 * 3 {
-            // Best effort: a failed checkpoint leaves the log to fill up,
-            // and the next change that does not fit retries it.
-            let _ = self.checkpoint();
-        }
+        // An unlink or rename may have dropped a file and its pages.
+        self.retire_replaced();
+        self.maybe_checkpoint();
         Ok(reply)
     }
 
@@ -240,15 +339,24 @@ impl Volume {
         Ok(true)
     }
 
-    /// Closes cleanly: a final checkpoint, then the clean flag.
+    /// Closes cleanly: a final checkpoint, the free-page bitmap, then the
+    /// clean flag.
     pub fn close(mut self) -> Result<()> {
-        self.checkpoint().map_err(|e| {
+        let io = |v: &Volume, action, e: Errno| {
             Error::Region(kucofs_common::Error::Io {
-                action: "checkpoint",
-                path: self.image.region().path().into(),
+                action,
+                path: v.image.region().path().into(),
                 cause: e.into(),
             })
-        })?;
+        };
+        self.checkpoint().map_err(|e| io(&self, "checkpoint", e))?;
+        let bitmap = self.pages.used_bitmap();
+        let area = self.image.superblock().geometry.bitmap;
+        let region = self.image.region();
+        region
+            .write(area.offset(), &bitmap)
+            .and_then(|()| region.persist(area.offset(), bitmap.len() as u64))
+            .map_err(|_| io(&self, "write the free-page bitmap of", Errno::EIO))?;
         self.image.set_clean(true)
     }
 }

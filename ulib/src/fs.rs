@@ -14,10 +14,10 @@ use kucofs_common::channel::{Doorbell, Segment, SLOTS};
 use kucofs_common::format::{Geometry, CHECKPOINT_HEADER_SIZE};
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Kind, NAME_MAX};
-use kucofs_common::pm::{RegionView, ShmView};
-use kucofs_common::proto::{Creds, Hint, Reply, Request, SetAttrs};
+use kucofs_common::pm::{Protection, RegionView, ShmView};
+use kucofs_common::proto::{Creds, Extents, Hint, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
-use kucofs_kfs::{Client, Direct, Kfs, ServerConfig, StatsSnapshot, Volume};
+use kucofs_kfs::{Caller, Client, Direct, Kfs, ServerConfig, StatsSnapshot, Volume};
 use parking_lot::Mutex;
 
 use crate::dir::ReadDir;
@@ -38,6 +38,8 @@ pub struct Config {
     /// Bits cleared from the mode of everything created (like a process's
     /// umask). By default, the process's umask when the handle is opened.
     pub umask: u32,
+    /// How long committed data pages stay writable (DESIGN §8).
+    pub protection: Protection,
     /// How the Kfs thread polls.
     pub server: ServerConfig,
 }
@@ -48,6 +50,7 @@ impl Default for Config {
             collaborative: true,
             direct: true,
             umask: process_umask(),
+            protection: Protection::default(),
             server: ServerConfig::default(),
         }
     }
@@ -65,7 +68,7 @@ fn process_umask() -> u32 {
         .unwrap_or(0o022)
 }
 
-fn err(e: Errno) -> io::Error {
+pub(crate) fn err(e: Errno) -> io::Error {
     io::Error::from_raw_os_error(e.0)
 }
 
@@ -90,13 +93,19 @@ static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct Inner {
     id: u64,
     index: ShmView,
-    _region: RegionView,
+    pub(crate) region: RegionView,
+    /// This process's number at Kfs.
+    client: u32,
+    /// Each slot's page pool: the next unused page and the end.
+    pools: Vec<Mutex<(u64, u64)>>,
+    /// Range locks of the files open in this process.
+    range_locks: Mutex<std::collections::HashMap<u64, Weak<crate::range_lock::RangeLock>>>,
     segment: Segment,
     doorbell: Doorbell,
     free_slots: Mutex<Vec<usize>>,
     kfs: Mutex<Option<Kfs>>,
     direct: Option<Direct>,
-    config: Config,
+    pub(crate) config: Config,
     creds: Creds,
     geometry: Geometry,
 }
@@ -122,7 +131,7 @@ thread_local! {
 
 impl Inner {
     /// This thread's slot, claimed on first use.
-    fn slot(self: &Arc<Self>) -> io::Result<usize> {
+    pub(crate) fn slot(self: &Arc<Self>) -> io::Result<usize> {
         LEASES.with(|l| {
             let mut leases = l.borrow_mut();
             if let Some(lease) = leases.iter().find(|x| x.fs == self.id) {
@@ -160,8 +169,13 @@ impl Inner {
 
     /// Applies `req` on this thread (see [`Config::direct`]); `None` if
     /// direct application is off or Kfs has stopped.
-    fn try_direct(&self, req: &Request<'_>) -> Option<io::Result<Reply>> {
-        let reply = self.direct.as_ref()?.try_apply(req, self.creds)?;
+    fn try_direct(&self, slot: usize, req: &Request<'_>) -> Option<io::Result<Reply>> {
+        let caller = Caller {
+            client: self.client,
+            slot: slot as u32,
+            creds: self.creds,
+        };
+        let reply = self.direct.as_ref()?.try_apply(req, caller)?;
         Some(reply.result().map_err(err))
     }
 
@@ -171,6 +185,76 @@ impl Inner {
             .call(slot, &self.doorbell, req)
             .and_then(Reply::result)
             .map_err(err)
+    }
+
+    /// Sends `req` from `slot` (this thread's): applied directly if
+    /// possible, else queued.
+    pub(crate) fn call_as(&self, slot: usize, req: &Request<'_>) -> io::Result<Reply> {
+        if let Some(r) = self.try_direct(slot, req) {
+            return r;
+        }
+        self.segment
+            .call(slot, &self.doorbell, req)
+            .and_then(Reply::result)
+            .map_err(err)
+    }
+
+    /// Sends `req` from this thread's slot.
+    pub(crate) fn call_here(self: &Arc<Self>, req: &Request<'_>) -> io::Result<Reply> {
+        let slot = self.slot()?;
+        self.call_as(slot, req)
+    }
+
+    /// Takes `n` pages from `slot`'s pool, asking Kfs for more when it runs
+    /// out (`ENOSPC` when Kfs has none).
+    pub(crate) fn take_pages(&self, slot: usize, n: u64) -> io::Result<Extents> {
+        let mut pool = self.pools[slot].lock();
+        let mut out = Extents::new();
+        let mut need = n;
+        while need > 0 {
+            if pool.0 == pool.1 {
+                let r = self.call_as(
+                    slot,
+                    &Request::Grant {
+                        pages: POOL_PAGES.max(need as u32),
+                    },
+                );
+                match r {
+                    Ok(r) => *pool = (r.inode, r.inode + r.value),
+                    Err(e) => {
+                        // Give back what this request took, for the next.
+                        if let Some(first) = out.as_slice().first() {
+                            if out.as_slice().len() == 1 && first.start + u64::from(first.len) == pool.0 {
+                                pool.0 = first.start;
+                            }
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            let k = need.min(pool.1 - pool.0);
+            if !out.push(pool.0, k as u32) {
+                // More runs than a commit carries: the rest of this pool
+                // stays for later; ask for a fresh run.
+                *pool = (0, 0);
+                continue;
+            }
+            pool.0 += k;
+            need -= k;
+        }
+        Ok(out)
+    }
+
+    /// The range lock of file `ino`, shared by every open of it here.
+    pub(crate) fn range_lock(&self, ino: u64) -> Arc<crate::range_lock::RangeLock> {
+        let mut locks = self.range_locks.lock();
+        if let Some(l) = locks.get(&ino).and_then(Weak::upgrade) {
+            return l;
+        }
+        locks.retain(|_, w| w.strong_count() > 0);
+        let l = Arc::new(crate::range_lock::RangeLock::new());
+        locks.insert(ino, Arc::downgrade(&l));
+        l
     }
 
     /// The addresses a change of `path` will need, if collaborative
@@ -183,7 +267,10 @@ impl Inner {
     }
 }
 
-fn bytes(p: &Path) -> &[u8] {
+/// Pages a slot asks Kfs for at a time (4 MiB).
+const POOL_PAGES: u32 = 1024;
+
+pub(crate) fn bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
 }
 
@@ -226,15 +313,22 @@ impl Fs {
         };
         let kfs = Kfs::start(volume, &doorbell, config.server).map_err(kfs_err)?;
         let direct = config.direct.then(|| kfs.direct());
-        kfs.attach(Client {
-            segment: segment.map_again().map_err(common_err)?,
-            creds,
-        });
+        let client = kfs
+            .attach(Client {
+                segment: segment.map_again().map_err(common_err)?,
+                creds,
+                protector: Some(region.protector()),
+                protection: config.protection,
+            })
+            .map_err(kfs_err)?;
         Ok(Fs {
             inner: Arc::new(Inner {
                 id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
                 index,
-                _region: region,
+                region,
+                client,
+                pools: (0..SLOTS).map(|_| Mutex::new((0, 0))).collect(),
+                range_locks: Mutex::default(),
                 segment,
                 doorbell,
                 free_slots: Mutex::new((0..SLOTS).rev().collect()),
@@ -275,14 +369,19 @@ impl Fs {
         self.inner.config
     }
 
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     /// Sends a change to Kfs: applied directly, or else queued with the
     /// addresses found for `path` if collaborative indexing is on.
-    fn change<'p>(
+    pub(crate) fn change<'p>(
         &self,
         path: &'p [u8],
         make: impl Fn(Option<Hint>) -> Request<'p>,
     ) -> io::Result<Reply> {
-        if let Some(r) = self.inner.try_direct(&make(None)) {
+        let slot = self.inner.slot()?;
+        if let Some(r) = self.inner.try_direct(slot, &make(None)) {
             return r;
         }
         let hint = if self.inner.config.collaborative {
@@ -384,7 +483,8 @@ impl Fs {
             hint_from,
             hint_to,
         };
-        if let Some(r) = self.inner.try_direct(&make(None, None)) {
+        let slot = self.inner.slot()?;
+        if let Some(r) = self.inner.try_direct(slot, &make(None, None)) {
             return r.map(drop);
         }
         let (hint_from, hint_to) = if self.inner.config.collaborative {
@@ -498,10 +598,7 @@ impl Fs {
             follow,
             attrs,
         };
-        match self.inner.try_direct(&req) {
-            Some(r) => r.map(drop),
-            None => self.inner.call(&req).map(drop),
-        }
+        self.inner.call_here(&req).map(drop)
     }
 
     /// Changes permission bits (following symlinks).

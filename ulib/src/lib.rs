@@ -20,10 +20,14 @@
 //! ```
 
 mod dir;
+mod file;
 mod fs;
 mod metadata;
+pub mod range_lock;
 
 pub use dir::{DirEntry, ReadDir};
+pub use file::{File, OpenOptions};
 pub use fs::{Config, Fs};
+pub use kucofs_common::pm::Protection;
 pub use kucofs_kfs::{ServerConfig, StatsSnapshot};
 pub use metadata::{FileType, Metadata, Permissions, StatFs};

@@ -88,6 +88,15 @@ impl Metadata {
     pub fn is_empty(&self) -> bool {
         self.0.size == 0
     }
+    /// 512-byte blocks the file's data pages take (0 for anything but a
+    /// regular file).
+    pub fn blocks(&self) -> u64 {
+        if self.is_file() {
+            self.0.entries * 8
+        } else {
+            0
+        }
+    }
     /// Permission bits.
     pub fn permissions(&self) -> Permissions {
         Permissions::from_mode(self.0.mode)

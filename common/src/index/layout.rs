@@ -17,9 +17,10 @@
 //!  40  size                    40  name_len u16 | kind u8 (bits 24..32)
 //!  48  atime, mtime, ctime     48  next       (offset; 0 = end)
 //!  72  data (dir: list head;   56  name
-//!       symlink: target item)
-//!  80  parent (dir: its parent's inode)
-//!  88  entries (dir: entry count)
+//!       symlink: target item;
+//!       file: block map word)
+//!  80  parent (dir: its parent's inode; file: last commit version)
+//!  88  entries (dir: entry count; file: data pages held)
 //!  96  btime (creation)
 //! 104  buckets (dir: bucket table)
 //! ```
@@ -68,6 +69,8 @@ pub const TAG_DIRHEAD: u16 = 3;
 pub const TAG_SENTINEL: u16 = 7;
 /// Tag of a directory's bucket table.
 pub const TAG_BUCKETS: u16 = 8;
+/// Tag of a block-map node of a regular file.
+pub const TAG_MAPNODE: u16 = 9;
 /// Tag of a symlink target.
 pub const TAG_SYMLINK: u16 = 4;
 /// Tag of the inode table's top level.
@@ -128,6 +131,14 @@ pub const I_ENTRIES: u64 = 88;
 pub const I_BTIME: u64 = 96;
 /// Directories: offset of the bucket table.
 pub const I_BUCKETS: u64 = 104;
+/// Regular files: the block map word (the same field as [`I_DATA`]).
+pub const I_MAP: u64 = I_DATA;
+/// Regular files: the version of the last commit (Kfs's own counter; the
+/// field a directory uses for its parent).
+pub const I_VERSION: u64 = I_PARENT;
+/// Regular files: data pages the file holds (the field a directory uses
+/// for its entry count).
+pub const I_BLOCKS: u64 = I_ENTRIES;
 
 // Directory entry, sentinel and list head.
 #[allow(missing_docs)]

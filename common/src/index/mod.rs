@@ -14,6 +14,7 @@
 //! per-inode sequence lock, and removed items are only reused after every
 //! reader has left the epoch in which they were removed (DESIGN §9).
 
+pub mod blockmap;
 pub mod layout;
 mod namei;
 mod read;

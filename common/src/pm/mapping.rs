@@ -182,6 +182,68 @@ impl Mapping {
         };
     }
 
+    /// Changes the protection of the whole pages `[offset, offset + len)`
+    /// (page-aligned) to read-write or read-only.
+    pub(super) fn protect(&self, offset: u64, len: u64, writable: bool) -> Result<()> {
+        let n = usize::try_from(len).map_err(|_| Error::Misaligned { offset, align: 4096 })?;
+        let start = self.check(offset, n)?;
+        if start % 4096 != 0 || n % 4096 != 0 {
+            return Err(Error::Misaligned { offset, align: 4096 });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let prot = if writable {
+            rustix::mm::MprotectFlags::READ | rustix::mm::MprotectFlags::WRITE
+        } else {
+            rustix::mm::MprotectFlags::READ
+        };
+        // SAFETY: `[start, start + n)` is whole pages inside this live
+        // mapping (checked above); changing their protection changes no
+        // memory contents and no Rust reference points into them (all
+        // access is by copies and atomics).
+        unsafe { rustix::mm::mprotect(self.at(start).cast(), n, prot) }.map_err(|e| Error::Io {
+            action: "change the protection of",
+            path: "a region view".into(),
+            cause: e.into(),
+        })
+    }
+
+    /// Faults in the whole pages `[offset, offset + len)` for writing, in
+    /// one call (they must be writable now). Contents are unchanged.
+    pub(super) fn populate_write(&self, offset: u64, len: u64) {
+        let Ok(n) = usize::try_from(len) else { return };
+        let Ok(start) = self.check(offset, n) else {
+            return;
+        };
+        if n == 0 || start % 4096 != 0 {
+            return;
+        }
+        // SAFETY: whole pages inside this live mapping; populating changes
+        // no contents.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                self.at(start).cast(),
+                n.next_multiple_of(4096).min(self.len - start),
+                rustix::mm::Advice::LinuxPopulateWrite,
+            )
+        };
+    }
+
+    /// Non-temporal copy of `data` to `offset`, persistent after the next
+    /// fence, into pages that must have been made writable with
+    /// [`Mapping::protect`] (a store into a read-only page faults: that is
+    /// the protection working).
+    pub(super) fn copy_in_nt(&self, offset: u64, data: &[u8], flush: FlushInstr) -> Result<()> {
+        let start = self.check(offset, data.len())?;
+        // SAFETY: bounds checked; `data` is a distinct local buffer. The
+        // destination pages belong to the caller's pool: no one else writes
+        // them, and readers reach them only after the commit that follows
+        // the fence. If they are read-only the store faults, which is sound.
+        unsafe { cpu::copy_nt(self.at(start), data.as_ptr(), data.len(), flush) };
+        Ok(())
+    }
+
     /// Compares the `other.len()` bytes at `offset` with `other`,
     /// lexicographically, without copying them out.
     #[inline]

@@ -19,7 +19,7 @@ pub use cpu::FlushInstr;
 pub use mapping::Media;
 pub use persist::{Hardware, Persist};
 pub use recorder::{InFlight, InFlightKind, Recorder};
-pub use region::{MapMode, Region, RegionView};
+pub use region::{MapMode, Protection, Protector, Region, RegionView, BATCH_PAGES, BATCH_TIME};
 pub use shm::{Shm, ShmView, Words};
 
 /// Size of a CPU cache line, the unit in which stores become persistent.

@@ -263,17 +263,22 @@ impl Region {
     }
 
     /// A second, read-only mapping of the same image, as a client maps it.
+    /// Its pages start read-only; Kfs makes a client's pool pages writable
+    /// through the view's [`Protector`] (so the file is opened read-write,
+    /// which `mprotect` needs, while the mapping itself starts read-only).
     pub fn view(&self) -> Result<RegionView> {
         let file = OpenOptions::new()
             .read(true)
+            .write(true)
             .open(&self.path)
-            .map_err(|e| Error::io("open image read-only", &self.path, e))?;
+            .map_err(|e| Error::io("open image", &self.path, e))?;
         let (map, mode) = map_file(&file, &self.path, self.len(), false)?;
         Ok(RegionView {
             path: self.path.clone(),
             _file: None,
-            map,
+            map: Arc::new(map),
             mode,
+            flush: super::cpu::FlushInstr::detect(),
         })
     }
 }
@@ -286,8 +291,64 @@ pub struct RegionView {
     /// For a view opened on its own: holds a shared lock, so that no Kfs
     /// opens the image while a tool reads it.
     _file: Option<File>,
-    map: Mapping,
+    map: Arc<Mapping>,
     mode: MapMode,
+    flush: super::cpu::FlushInstr,
+}
+
+/// How long a client's data pages stay writable (DESIGN §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protection {
+    /// Every commit makes its pages read-only again at once.
+    Strict,
+    /// Committed pages become read-only in batches: once
+    /// [`BATCH_PAGES`] of a pool are committed, or [`BATCH_TIME`] after the
+    /// first of them was, whichever comes first.
+    #[default]
+    Batched,
+    /// Pool pages stay writable after their commit.
+    Off,
+}
+
+/// Most committed pages a client's thread may leave writable under
+/// [`Protection::Batched`].
+pub const BATCH_PAGES: u64 = 256;
+/// Longest a committed page stays writable under [`Protection::Batched`].
+pub const BATCH_TIME: std::time::Duration = std::time::Duration::from_millis(10);
+
+impl std::str::FromStr for Protection {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Protection, String> {
+        match s {
+            "strict" => Ok(Protection::Strict),
+            "batched" => Ok(Protection::Batched),
+            "off" => Ok(Protection::Off),
+            _ => Err(format!(
+                "unknown protection mode {s:?}: expected strict, batched or off"
+            )),
+        }
+    }
+}
+
+/// Changes the protection of pages of one client's view (embedded mode:
+/// Kfs runs in the client's process). It keeps the view's mapping alive,
+/// so it never touches memory that was unmapped and reused.
+#[derive(Debug, Clone)]
+pub struct Protector {
+    map: Arc<Mapping>,
+}
+
+impl Protector {
+    /// Makes `pages` pages from region page `first` writable (`true`) or
+    /// read-only; writable pages are also faulted in.
+    pub fn set(&self, first: u64, pages: u64, writable: bool) -> Result<()> {
+        let (off, len) = (first * 4096, pages * 4096);
+        self.map.protect(off, len, writable)?;
+        if writable {
+            self.map.populate_write(off, len);
+        }
+        Ok(())
+    }
 }
 
 impl RegionView {
@@ -304,8 +365,9 @@ impl RegionView {
         Ok(RegionView {
             path: path.into(),
             _file: Some(file),
-            map,
+            map: Arc::new(map),
             mode,
+            flush: super::cpu::FlushInstr::detect(),
         })
     }
 
@@ -337,6 +399,26 @@ impl RegionView {
     /// Atomically loads the aligned 8-byte word at `offset`.
     pub fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
         self.map.load_u64(offset, order)
+    }
+
+    /// A handle with which Kfs changes the protection of this view's pages.
+    pub fn protector(&self) -> Protector {
+        Protector {
+            map: self.map.clone(),
+        }
+    }
+
+    /// Copies `data` to `offset` with non-temporal stores: persistent after
+    /// [`RegionView::fence`]. The pages must be in this client's pool (made
+    /// writable by Kfs); a store into any other page faults.
+    pub fn write_pool(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.map.copy_in_nt(offset, data, self.flush)
+    }
+
+    /// Orders the earlier [`RegionView::write_pool`] copies before later
+    /// stores: they are persistent once it returns.
+    pub fn fence(&self) {
+        super::cpu::sfence();
     }
 
     /// The virtual address of the mapping in this process. It is never

@@ -1,0 +1,352 @@
+//! Regular files' block maps as Kfs changes them (DESIGN §7, §8): growing
+//! the tree, publishing a commit's entries in the order readers rely on
+//! ([`blockmap::publish`]), cutting a file, and dropping a map.
+//!
+//! Every node a commit needs is allocated, and the map word naming a new
+//! root published, before the first entry is stored: storing the entries
+//! cannot fail half-way.
+
+use kucofs_common::index::blockmap::{
+    self, capacity, entry_page, word_capacity, EntrySource, EntryStore, MapReader, FANOUT,
+    MAP_HEIGHT, MAP_ROOT, MAP_SMALL, MAX_HEIGHT, NODE_SIZE, N_SLOTS, PAGE, SMALL_FANOUT,
+    SMALL_SIZE,
+};
+use kucofs_common::index::layout::*;
+use kucofs_common::Errno;
+
+use super::Namespace;
+use crate::arena::Arena;
+
+/// A file's map, for changing it.
+struct MapWriter<'a> {
+    arena: &'a mut Arena,
+    word: u64,
+}
+
+impl EntrySource for MapWriter<'_> {
+    fn entry(&self, page: u64) -> u64 {
+        MapReader::new(self.arena.shm(), self.word).entry(page)
+    }
+}
+
+impl EntryStore for MapWriter<'_> {
+    fn set_entry(&mut self, page: u64, e: u64) {
+        // Every slot a commit stores into was made by `ensure` first; the
+        // neighbours' slots it may flag exist whenever they hold an entry.
+        if let Some(slot) = self.view().slot(page) {
+            // Release: pairs with the reader's Acquire load of the entry.
+            let _ = self.arena.put(slot, e);
+        }
+    }
+}
+
+impl MapWriter<'_> {
+    fn view(&self) -> MapRef<'_> {
+        MapRef {
+            arena: self.arena,
+            word: self.word,
+        }
+    }
+
+    /// Makes the leaf holding page `page` exist (the tree already covers
+    /// it). A new node is zeroed (all holes) before it is linked.
+    fn ensure(&mut self, page: u64) -> Result<(), Errno> {
+        let w = self.word;
+        if w & MAP_SMALL != 0 {
+            return Ok(());
+        }
+        let mut node = w & MAP_ROOT;
+        let mut level = (w & MAP_HEIGHT) as u32;
+        while level > 0 {
+            let at = node + N_SLOTS + 8 * (page / capacity(level - 1) % FANOUT);
+            let mut child = self.arena.get(at);
+            if child == 0 {
+                child = self.arena.alloc(TAG_MAPNODE, NODE_SIZE)?;
+                // Release: the zeroed node before the link to it.
+                self.arena.put(at, child)?;
+            }
+            node = child;
+            level -= 1;
+        }
+        Ok(())
+    }
+
+    /// Grows the tree to cover `pages` pages; the old root becomes the
+    /// new root's first child, or (a small leaf) is copied into a full one
+    /// and retired. Returns true if the map word changed.
+    fn grow(&mut self, pages: u64) -> Result<bool, Errno> {
+        if pages <= word_capacity(self.word) {
+            return Ok(false);
+        }
+        if self.word == 0 && pages <= SMALL_FANOUT {
+            self.word = self.arena.alloc(TAG_MAPNODE, SMALL_SIZE)? | MAP_SMALL;
+            return Ok(true);
+        }
+        if self.word == 0 {
+            self.word = self.arena.alloc(TAG_MAPNODE, NODE_SIZE)?;
+        } else if self.word & MAP_SMALL != 0 {
+            let small = self.word & MAP_ROOT;
+            let leaf = self.arena.alloc(TAG_MAPNODE, NODE_SIZE)?;
+            for i in 0..SMALL_FANOUT {
+                let e = self.arena.get(small + N_SLOTS + 8 * i);
+                self.arena.put(leaf + N_SLOTS + 8 * i, e)?;
+            }
+            self.arena.retire(small)?;
+            self.word = leaf;
+        }
+        while capacity((self.word & MAP_HEIGHT) as u32) < pages {
+            let height = (self.word & MAP_HEIGHT) as u32;
+            if height >= MAX_HEIGHT {
+                return Err(Errno::EFBIG);
+            }
+            let root = self.arena.alloc(TAG_MAPNODE, NODE_SIZE)?;
+            self.arena.put(root + N_SLOTS, self.word & MAP_ROOT)?;
+            self.word = root | u64::from(height + 1);
+        }
+        Ok(true)
+    }
+}
+
+/// A file's map, for reading it as Kfs.
+struct MapRef<'a> {
+    arena: &'a Arena,
+    word: u64,
+}
+
+impl MapRef<'_> {
+    /// The offset of page `page`'s entry, if its leaf exists.
+    fn slot(&self, page: u64) -> Option<u64> {
+        let w = self.word;
+        if page >= word_capacity(w) {
+            return None;
+        }
+        let mut node = w & MAP_ROOT;
+        if w & MAP_SMALL != 0 {
+            return Some(node + N_SLOTS + 8 * page);
+        }
+        let mut level = (w & MAP_HEIGHT) as u32;
+        while level > 0 {
+            let digit = page / capacity(level - 1) % FANOUT;
+            node = self.arena.get(node + N_SLOTS + 8 * digit);
+            if node == 0 {
+                return None;
+            }
+            level -= 1;
+        }
+        Some(node + N_SLOTS + 8 * (page % FANOUT))
+    }
+
+    /// Calls `f(page, entry)` for every non-hole entry, in page order.
+    fn for_each(&self, mut f: impl FnMut(u64, u64)) {
+        let w = self.word;
+        if w == 0 {
+            return;
+        }
+        if w & MAP_SMALL != 0 {
+            for i in 0..SMALL_FANOUT {
+                let e = self.arena.get((w & MAP_ROOT) + N_SLOTS + 8 * i);
+                if e != 0 {
+                    f(i, e);
+                }
+            }
+            return;
+        }
+        self.walk(w & MAP_ROOT, (w & MAP_HEIGHT) as u32, 0, &mut f);
+    }
+
+    fn walk(&self, node: u64, level: u32, base: u64, f: &mut impl FnMut(u64, u64)) {
+        for i in 0..FANOUT {
+            let v = self.arena.get(node + N_SLOTS + 8 * i);
+            if v == 0 {
+                continue;
+            }
+            if level == 0 {
+                f(base + i, v);
+            } else {
+                self.walk(v, level - 1, base + i * capacity(level - 1), f);
+            }
+        }
+    }
+
+    /// Every node of the tree, children before parents.
+    fn nodes(&self, out: &mut Vec<u64>) {
+        fn visit(a: &Arena, node: u64, level: u32, out: &mut Vec<u64>) {
+            if level > 0 {
+                for i in 0..FANOUT {
+                    let c = a.get(node + N_SLOTS + 8 * i);
+                    if c != 0 {
+                        visit(a, c, level - 1, out);
+                    }
+                }
+            }
+            out.push(node);
+        }
+        let w = self.word;
+        if w == 0 {
+            return;
+        }
+        if w & MAP_SMALL != 0 {
+            out.push(w & MAP_ROOT);
+        } else {
+            visit(self.arena, w & MAP_ROOT, (w & MAP_HEIGHT) as u32, out);
+        }
+    }
+}
+
+impl Namespace {
+    fn map_writer(&mut self, inode: u64) -> MapWriter<'_> {
+        let word = self.arena.get(inode + I_MAP);
+        MapWriter {
+            arena: &mut self.arena,
+            word,
+        }
+    }
+
+    /// Data pages replaced or dropped by the changes since the last call:
+    /// they wait for their grace period before reuse.
+    pub fn take_replaced(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.replaced)
+    }
+
+    /// Makes file pages `first..` live in `pages` (0: a hole) and sets the
+    /// size to `size`. The replaced pages go to [`Namespace::take_replaced`].
+    pub fn write_pages(
+        &mut self,
+        inode: u64,
+        first: u64,
+        pages: &[u64],
+        size: u64,
+        time: i64,
+    ) -> Result<(), Errno> {
+        let n = pages.len() as u64;
+        // Page numbers come from validated requests, or from an image that
+        // may be damaged: one that does not fit an entry is refused, not
+        // truncated into another page's number.
+        if pages.iter().any(|&p| p > blockmap::E_PAGE)
+            || first.checked_add(n).is_none_or(|e| e > blockmap::MAX_FILE_PAGES)
+            || size > blockmap::MAX_FILE_SIZE
+        {
+            return Err(Errno::EINVAL);
+        }
+        let last_version = self.arena.get(inode + I_VERSION);
+        let mut w = self.map_writer(inode);
+        let old_word = w.word;
+        if n > 0 {
+            w.grow(first + n)?;
+            for p in first..first + n {
+                w.ensure(p)?;
+            }
+        }
+        let word = w.word;
+        if word != old_word {
+            // Release: the new root is filled in before it is named.
+            self.arena.put(inode + I_MAP, word)?;
+        }
+        let mut w = MapWriter {
+            arena: &mut self.arena,
+            word,
+        };
+        let version = blockmap::next_version(&w, last_version, first, n);
+        let mut replaced = Vec::with_capacity(pages.len());
+        blockmap::publish(&mut w, first, pages, version, &mut replaced);
+        let added = pages.iter().filter(|&&p| p != 0).count() as u64;
+        let mut dropped = 0;
+        for e in replaced {
+            if e != 0 {
+                dropped += 1;
+                self.replaced.push(entry_page(e));
+            }
+        }
+        let blocks = self.arena.get(inode + I_BLOCKS) + added - dropped;
+        self.update(inode, |a| {
+            a.put(inode + I_VERSION, version)?;
+            a.put(inode + I_BLOCKS, blocks)?;
+            // Release, after the entries: a reader that sees the new size
+            // sees the pages under it.
+            a.put(inode + I_SIZE, size)?;
+            a.put(inode + I_MTIME, time as u64)?;
+            a.put(inode + I_CTIME, time as u64)
+        })
+    }
+
+    /// Sets a file's size; pages wholly past the new end are dropped (to
+    /// [`Namespace::take_replaced`]).
+    pub fn truncate_file(&mut self, inode: u64, size: u64, time: i64) -> Result<(), Errno> {
+        let keep = size.div_ceil(PAGE);
+        // The size first: a reader that still sees the old size may read
+        // zeros where dropped pages were, never a reused page (they wait for
+        // the grace period).
+        self.update(inode, |a| {
+            a.put(inode + I_SIZE, size)?;
+            a.put(inode + I_MTIME, time as u64)?;
+            a.put(inode + I_CTIME, time as u64)
+        })?;
+        let mut w = self.map_writer(inode);
+        let mut dropped = Vec::new();
+        w.view().for_each(|p, e| {
+            if p >= keep {
+                dropped.push((p, e));
+            }
+        });
+        if dropped.is_empty() {
+            return Ok(());
+        }
+        if keep > 0 {
+            let left = w.entry(keep - 1);
+            if left != 0 {
+                w.set_entry(keep - 1, left | blockmap::E_END);
+            }
+        }
+        for &(p, _) in &dropped {
+            w.set_entry(p, 0);
+        }
+        let blocks = self.arena.get(inode + I_BLOCKS) - dropped.len() as u64;
+        self.replaced
+            .extend(dropped.iter().map(|&(_, e)| entry_page(e)));
+        self.update(inode, |a| a.put(inode + I_BLOCKS, blocks))
+    }
+
+    /// Retires a file's map nodes and gives its pages to
+    /// [`Namespace::take_replaced`] (the file is being dropped).
+    pub(super) fn drop_map(&mut self, inode: u64) -> Result<(), Errno> {
+        let w = self.map_ref(inode);
+        let mut pages = Vec::new();
+        w.for_each(|_, e| pages.push(entry_page(e)));
+        let mut nodes = Vec::new();
+        w.nodes(&mut nodes);
+        self.replaced.extend(pages);
+        for n in nodes {
+            self.arena.retire(n)?;
+        }
+        Ok(())
+    }
+
+    /// Restores pages `first..` of a file from a checkpoint, keeping the
+    /// attributes the checkpoint recorded.
+    pub fn load_pages(
+        &mut self,
+        inode: u64,
+        first: u64,
+        pages: &[u64],
+        a: &kucofs_common::index::InodeAttr,
+    ) -> Result<(), Errno> {
+        if first.checked_add(pages.len() as u64).is_none_or(|e| e > blockmap::MAX_FILE_PAGES) {
+            return Err(Errno::EFBIG);
+        }
+        self.write_pages(inode, first, pages, a.size, a.mtime)?;
+        self.update(inode, |x| x.put(inode + I_CTIME, a.ctime as u64))
+    }
+
+    /// Calls `f(file page, data page)` for every page a file holds, in
+    /// file order.
+    pub fn file_pages(&self, inode: u64, mut f: impl FnMut(u64, u64)) {
+        self.map_ref(inode).for_each(|p, e| f(p, entry_page(e)));
+    }
+
+    fn map_ref(&self, inode: u64) -> MapRef<'_> {
+        MapRef {
+            arena: &self.arena,
+            word: self.arena.get(inode + I_MAP),
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The data pages as Kfs hands them out (DESIGN §8, §9): free extents,
+//! pools granted to client threads, pages in files, and pages replaced by
+//! a commit that wait for their grace period.
+//!
+//! Only the pages files hold are durable (through the log and the
+//! checkpoint); free space, pools and waiting pages live in DRAM and are
+//! rebuilt at recovery as "every data page no file holds", which is how a
+//! crash gives back the pools that clients held.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use kucofs_common::format::Geometry;
+use kucofs_common::Errno;
+
+/// Who holds a pool: a client and one of its request slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Holder {
+    /// The client (an attached process).
+    pub client: u32,
+    /// Its request slot (one per client thread).
+    pub slot: u32,
+}
+
+const FREE: u32 = 0;
+const USED: u32 = 1;
+const WAITING: u32 = 2;
+/// States from here up are pools: `POOL + holder number`.
+const POOL: u32 = 3;
+
+/// The data pages.
+#[derive(Debug)]
+pub struct Pages {
+    /// First data page (a page number in the region).
+    first: u64,
+    /// One past the last.
+    end: u64,
+    /// Each data page's state (index: page - first).
+    state: Vec<u32>,
+    /// Free runs: start -> length.
+    free: BTreeMap<u64, u64>,
+    free_pages: u64,
+    /// Pool holders and their state numbers.
+    holders: HashMap<Holder, u32>,
+    by_number: Vec<Holder>,
+    /// Each holder's granted runs (some pages may since be used).
+    pools: HashMap<u32, Vec<(u64, u64)>>,
+    /// Replaced pages: (epoch, page), freed once no reader is older.
+    waiting: VecDeque<(u64, u64)>,
+}
+
+impl Pages {
+    /// The data area of `g`, every page free except those in `used`.
+    /// Fails with the first page that is outside the data area or used
+    /// twice.
+    pub fn new(g: &Geometry, used: impl IntoIterator<Item = u64>) -> Result<Pages, String> {
+        let first = g.data.start;
+        let end = g.data.end();
+        let mut state = vec![FREE; (end - first) as usize];
+        for p in used {
+            if p < first || p >= end {
+                return Err(format!(
+                    "a file holds page {p}, outside the data pages {first}..{end}"
+                ));
+            }
+            let s = &mut state[(p - first) as usize];
+            if *s != FREE {
+                return Err(format!("page {p} is held by two files"));
+            }
+            *s = USED;
+        }
+        let mut pages = Pages {
+            first,
+            end,
+            state,
+            free: BTreeMap::new(),
+            free_pages: 0,
+            holders: HashMap::new(),
+            by_number: Vec::new(),
+            pools: HashMap::new(),
+            waiting: VecDeque::new(),
+        };
+        let mut p = first;
+        while p < end {
+            if pages.state(p) != FREE {
+                p += 1;
+                continue;
+            }
+            let start = p;
+            while p < end && pages.state(p) == FREE {
+                p += 1;
+            }
+            pages.free.insert(start, p - start);
+            pages.free_pages += p - start;
+        }
+        Ok(pages)
+    }
+
+    fn state(&self, p: u64) -> u32 {
+        self.state[(p - self.first) as usize]
+    }
+
+    fn set(&mut self, p: u64, s: u32) {
+        self.state[(p - self.first) as usize] = s;
+    }
+
+    /// Pages free now.
+    pub fn free_pages(&self) -> u64 {
+        self.free_pages
+    }
+
+    /// Pages waiting for their grace period.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Pages in files.
+    pub fn used_pages(&self) -> u64 {
+        self.state.iter().filter(|&&s| s == USED).count() as u64
+    }
+
+    /// Data pages in all.
+    pub fn total_pages(&self) -> u64 {
+        self.end - self.first
+    }
+
+    fn number(&mut self, h: Holder) -> u32 {
+        if let Some(&n) = self.holders.get(&h) {
+            return n;
+        }
+        let n = self.by_number.len() as u32;
+        self.by_number.push(h);
+        self.holders.insert(h, n);
+        n
+    }
+
+    /// Takes up to `want` free pages, in one run, for `h`'s pool: the first
+    /// run at least `want` long, else the longest. `ENOSPC` if none is free.
+    pub fn grant(&mut self, h: Holder, want: u64) -> Result<(u64, u64), Errno> {
+        let want = want.max(1);
+        let pick = self
+            .free
+            .iter()
+            .find(|(_, &len)| len >= want)
+            .or_else(|| self.free.iter().max_by_key(|(_, &len)| len))
+            .map(|(&s, &l)| (s, l));
+        let (start, len) = pick.ok_or(Errno::ENOSPC)?;
+        let take = len.min(want);
+        self.free.remove(&start);
+        if len > take {
+            self.free.insert(start + take, len - take);
+        }
+        self.free_pages -= take;
+        let n = self.number(h);
+        for p in start..start + take {
+            self.set(p, POOL + n);
+        }
+        self.pools.entry(n).or_default().push((start, take));
+        Ok((start, take))
+    }
+
+    /// Checks that every page of `pages` is in `h`'s pool and unused, with
+    /// none named twice; then moves them into a file.
+    pub fn take(&mut self, h: Holder, pages: &[u64]) -> Result<(), Errno> {
+        let n = *self.holders.get(&h).ok_or(Errno::EINVAL)?;
+        for (i, &p) in pages.iter().enumerate() {
+            if p < self.first || p >= self.end || self.state(p) != POOL + n {
+                for &q in &pages[..i] {
+                    self.set(q, POOL + n);
+                }
+                return Err(Errno::EINVAL);
+            }
+            // Marked as we go, so that a page named twice fails the check.
+            self.set(p, USED);
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Pages::take`] of pages a failed commit had claimed.
+    pub fn untake(&mut self, h: Holder, pages: &[u64]) {
+        if let Some(&n) = self.holders.get(&h) {
+            for &p in pages {
+                if p >= self.first && p < self.end && self.state(p) == USED {
+                    self.set(p, POOL + n);
+                }
+            }
+        }
+    }
+
+    /// Puts `page`, replaced in a file during `epoch`, to wait for the
+    /// grace period.
+    pub fn retire(&mut self, page: u64, epoch: u64) {
+        if page >= self.first && page < self.end && self.state(page) == USED {
+            self.set(page, WAITING);
+            self.waiting.push_back((epoch, page));
+        }
+    }
+
+    fn free_run(&mut self, start: u64, len: u64) {
+        let mut s = start;
+        let mut l = len;
+        if let Some((&ps, &pl)) = self.free.range(..s).next_back() {
+            if ps + pl == s {
+                self.free.remove(&ps);
+                s = ps;
+                l += pl;
+            }
+        }
+        if let Some(&nl) = self.free.get(&(start + len)) {
+            self.free.remove(&(start + len));
+            l += nl;
+        }
+        self.free.insert(s, l);
+    }
+
+    fn free_page(&mut self, p: u64) {
+        self.set(p, FREE);
+        self.free_pages += 1;
+        self.free_run(p, 1);
+    }
+
+    /// Frees the waiting pages replaced before `oldest_reader`'s epoch.
+    pub fn reclaim(&mut self, oldest_reader: u64) -> usize {
+        let mut n = 0;
+        while let Some(&(epoch, p)) = self.waiting.front() {
+            if epoch >= oldest_reader {
+                break;
+            }
+            self.waiting.pop_front();
+            self.free_page(p);
+            n += 1;
+        }
+        n
+    }
+
+    /// Frees the unused pages of `h`'s pool; returns how many.
+    pub fn release(&mut self, h: Holder) -> u64 {
+        let Some(&n) = self.holders.get(&h) else {
+            return 0;
+        };
+        let mut freed = 0;
+        for (start, len) in self.pools.remove(&n).unwrap_or_default() {
+            for p in start..start + len {
+                if self.state(p) == POOL + n {
+                    self.free_page(p);
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+
+    /// Frees the unused pool pages of every slot of `client`.
+    pub fn release_client(&mut self, client: u32) -> u64 {
+        let holders: Vec<Holder> = self
+            .by_number
+            .iter()
+            .copied()
+            .filter(|h| h.client == client)
+            .collect();
+        holders.into_iter().map(|h| self.release(h)).sum()
+    }
+
+    /// The pages files hold, as a bitmap (bit `i`: data page `first + i`).
+    pub fn used_bitmap(&self) -> Vec<u8> {
+        let mut bits = vec![0u8; self.state.len().div_ceil(8)];
+        for (i, &s) in self.state.iter().enumerate() {
+            // Waiting pages were replaced but may be read still; the
+            // bitmap describes the files, so they are free in it.
+            if s == USED {
+                bits[i / 8] |= 1 << (i % 8);
+            }
+        }
+        bits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry() -> Geometry {
+        Geometry::for_size(8 << 20).unwrap()
+    }
+
+    const A: Holder = Holder { client: 0, slot: 0 };
+    const B: Holder = Holder { client: 0, slot: 1 };
+
+    #[test]
+    fn pools_commits_and_grace_periods() {
+        let g = geometry();
+        let mut p = Pages::new(&g, []).unwrap();
+        let total = p.free_pages();
+        let (s, n) = p.grant(A, 16).unwrap();
+        assert_eq!(n, 16);
+        assert_eq!(p.free_pages(), total - 16);
+        // Another slot cannot commit A's pages; A can, once.
+        assert_eq!(p.take(B, &[s]), Err(Errno::EINVAL));
+        p.take(A, &[s, s + 1]).unwrap();
+        assert_eq!(p.take(A, &[s]), Err(Errno::EINVAL));
+        assert_eq!(p.take(A, &[s + 2, s + 2]), Err(Errno::EINVAL));
+        p.untake(A, &[s + 2]);
+        assert_eq!(p.take(A, &[g.data.end()]), Err(Errno::EINVAL));
+        // A replaced page waits for readers older than its epoch.
+        p.retire(s, 5);
+        assert_eq!(p.reclaim(5), 0);
+        assert_eq!(p.reclaim(6), 1);
+        // Unused pool pages come back on release: 16 - 2 taken.
+        assert_eq!(p.release(A), 14);
+        assert_eq!(p.free_pages(), total - 1);
+        assert_eq!(p.used_pages(), 1);
+    }
+
+    #[test]
+    fn running_out_is_enospc_and_freeing_merges_runs() {
+        let g = geometry();
+        let mut p = Pages::new(&g, []).unwrap();
+        let total = p.free_pages();
+        let (s, n) = p.grant(A, u64::MAX).unwrap();
+        assert_eq!(n, total);
+        assert_eq!(p.grant(B, 1), Err(Errno::ENOSPC));
+        assert_eq!(p.release(A), total);
+        assert_eq!(p.grant(B, u64::MAX).unwrap(), (s, total));
+    }
+
+    #[test]
+    fn recovery_refuses_pages_outside_or_held_twice() {
+        let g = geometry();
+        assert!(Pages::new(&g, [g.data.start, g.data.start]).is_err());
+        assert!(Pages::new(&g, [0]).is_err());
+        let p = Pages::new(&g, [g.data.start + 3]).unwrap();
+        assert_eq!(p.used_pages(), 1);
+        assert_eq!(p.used_bitmap()[0], 1 << 3);
+    }
+}

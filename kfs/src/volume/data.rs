@@ -1,0 +1,465 @@
+//! File data as Kfs serves it (DESIGN §8): opens and write leases, page
+//! pools, copy-on-write commits, truncation, and the protection of
+//! clients' pool pages.
+//!
+//! A client thread writes into pages of its own pool and persists them;
+//! its commit names them. Kfs checks that the client holds the file's
+//! write lease and that every page is an unused page of that thread's
+//! pool, logs the commit durably, publishes the new block-map entries, and
+//! puts the replaced pages to wait for their grace period.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use kucofs_common::index::blockmap::{
+    entry_page, EntrySource, MapReader, MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE,
+};
+use kucofs_common::index::layout::I_SIZE;
+use kucofs_common::index::Kind;
+use kucofs_common::pm::{Protection, Protector, BATCH_PAGES, BATCH_TIME};
+use kucofs_common::proto::{open, Extents, Reply, Request, COMMIT_PAGES_MAX};
+use kucofs_common::Errno;
+
+use super::{Caller, Volume};
+use crate::namespace::now_ns;
+use crate::pages::Holder;
+use crate::record::Record;
+
+/// Largest pool one grant hands out (16 MiB).
+pub const POOL_MAX: u32 = 4096;
+
+/// A file's write lease: the one client that may commit to it, and how
+/// many of its opens write.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    client: u32,
+    writers: u32,
+}
+
+/// What Kfs keeps about one attached client.
+#[derive(Debug, Default)]
+pub(crate) struct ClientData {
+    protector: Option<Protector>,
+    protection: Protection,
+    /// Open files: ino -> (opens, write opens).
+    opens: HashMap<u64, (u32, u32)>,
+    /// Committed pages still writable, per slot (batched protection).
+    pending: HashMap<u32, Pending>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    runs: Vec<(u64, u64)>,
+    pages: u64,
+    since: Instant,
+}
+
+/// Leases and clients.
+#[derive(Debug, Default)]
+pub(crate) struct DataState {
+    leases: HashMap<u64, Lease>,
+    clients: HashMap<u32, ClientData>,
+}
+
+impl Volume {
+    /// Registers a client; its pool pages are made writable (and back)
+    /// through `protector`, under `protection`.
+    pub fn attach_client(
+        &mut self,
+        client: u32,
+        protector: Option<Protector>,
+        protection: Protection,
+    ) {
+        self.data.clients.insert(
+            client,
+            ClientData {
+                protector,
+                protection,
+                ..ClientData::default()
+            },
+        );
+    }
+
+    /// Forgets a client (it closed, or died): its opens are closed, its
+    /// leases and its unused pool pages given back.
+    pub fn detach_client(&mut self, client: u32) -> Result<(), Errno> {
+        let Some(mut c) = self.data.clients.remove(&client) else {
+            return Ok(());
+        };
+        let pending: Vec<u32> = c.pending.keys().copied().collect();
+        for slot in pending {
+            flush_pending(&mut c, slot);
+        }
+        self.data.leases.retain(|_, l| l.client != client);
+        self.pages.release_client(client);
+        for (ino, (n, _)) in c.opens {
+            for _ in 0..n {
+                self.ns.unpin(ino)?;
+            }
+        }
+        self.retire_replaced();
+        Ok(())
+    }
+
+    /// Handles the data requests; `None` for any other.
+    pub(super) fn handle_data(
+        &mut self,
+        req: &Request<'_>,
+        caller: Caller,
+    ) -> Option<Result<Reply, Errno>> {
+        Some(match *req {
+            Request::Open {
+                path,
+                flags,
+                mode,
+                hint,
+            } => self.open_file(path, flags, mode, hint, caller),
+            Request::Close { ino, write } => self.close_file(ino, write, caller),
+            Request::Grant { pages } => self.grant(pages, caller),
+            Request::Commit {
+                ino,
+                first,
+                size,
+                extents,
+            } => self.commit(ino, first, size, &extents, caller),
+            Request::Truncate { ino, size } => self.truncate(ino, size, caller),
+            Request::ReleasePool => {
+                let h = holder(caller);
+                if let Some(c) = self.data.clients.get_mut(&caller.client) {
+                    flush_pending(c, caller.slot);
+                }
+                self.pages.release(h);
+                Ok(Reply::default())
+            }
+            _ => return None,
+        })
+    }
+
+    fn client(&mut self, caller: Caller) -> Result<&mut ClientData, Errno> {
+        self.data
+            .clients
+            .get_mut(&caller.client)
+            .ok_or(Errno::EINVAL)
+    }
+
+    fn open_file(
+        &mut self,
+        path: &[u8],
+        flags: u32,
+        mode: u32,
+        hint: Option<kucofs_common::proto::Hint>,
+        caller: Caller,
+    ) -> Result<Reply, Errno> {
+        if flags & !open::ALL != 0 || mode & !0o7777 != 0 {
+            return Err(Errno::EINVAL);
+        }
+        self.client(caller)?;
+        let write = flags & open::WRITE != 0;
+        let inode = match self.ns.reader().resolve(path, true) {
+            Ok(_) if flags & open::CREATE != 0 && flags & open::EXCL != 0 => {
+                return Err(Errno::EEXIST)
+            }
+            Ok(inode) => inode,
+            Err(Errno::ENOENT) if flags & open::CREATE != 0 => {
+                let create = Request::Create {
+                    path,
+                    mode: libc::S_IFREG | mode,
+                    target: b"",
+                    hint,
+                };
+                self.handle_inner(&create, caller.creds)?.inode
+            }
+            Err(e) => return Err(e),
+        };
+        let r = self.ns.reader();
+        let kind = r.kind(inode).ok_or(Errno::EIO)?;
+        let ino = r.ino(inode);
+        let gen = kucofs_common::index::layout::header_gen(r.header(inode));
+        if kind == Kind::Dir && (write || flags & open::TRUNC != 0) {
+            return Err(Errno::EISDIR);
+        }
+        if write {
+            if let Some(l) = self.data.leases.get(&ino) {
+                if l.client != caller.client {
+                    // Another process holds the write lease.
+                    return Err(Errno::ETXTBSY);
+                }
+            }
+        }
+        if write && flags & open::TRUNC != 0 && self.ns.shm_u64(inode + I_SIZE) != 0 {
+            self.set_size(inode, ino, 0)?;
+        }
+        let reply = Reply {
+            errno: 0,
+            ino,
+            inode,
+            gen,
+            value: 0,
+        };
+        if kind == Kind::File {
+            self.ns.pin(ino);
+            let c = self.client(caller)?;
+            let o = c.opens.entry(ino).or_default();
+            o.0 += 1;
+            o.1 += u32::from(write);
+            if write {
+                self.data
+                    .leases
+                    .entry(ino)
+                    .or_insert(Lease {
+                        client: caller.client,
+                        writers: 0,
+                    })
+                    .writers += 1;
+            }
+        }
+        Ok(reply)
+    }
+
+    fn close_file(&mut self, ino: u64, write: bool, caller: Caller) -> Result<Reply, Errno> {
+        let c = self.client(caller)?;
+        let Some(o) = c.opens.get_mut(&ino) else {
+            return Err(Errno::EBADF);
+        };
+        if write && o.1 == 0 {
+            return Err(Errno::EBADF);
+        }
+        o.0 -= 1;
+        o.1 -= u32::from(write);
+        if o.0 == 0 {
+            c.opens.remove(&ino);
+        }
+        if write {
+            if let Some(l) = self.data.leases.get_mut(&ino) {
+                l.writers -= 1;
+                if l.writers == 0 {
+                    self.data.leases.remove(&ino);
+                }
+            }
+        }
+        self.ns.unpin(ino)?;
+        self.retire_replaced();
+        Ok(Reply::default())
+    }
+
+    /// The inode of a file `caller` holds the write lease of.
+    fn leased(&self, ino: u64, caller: Caller) -> Result<u64, Errno> {
+        match self.data.leases.get(&ino) {
+            Some(l) if l.client == caller.client => {}
+            _ => return Err(Errno::EBADF),
+        }
+        let inode = self.ns.file_inode(ino)?;
+        if self.ns.reader().kind(inode) != Some(Kind::File) {
+            return Err(Errno::EINVAL);
+        }
+        Ok(inode)
+    }
+
+    fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
+        self.client(caller)?;
+        let want = u64::from(pages.clamp(1, POOL_MAX));
+        let h = holder(caller);
+        let (start, n) = match self.pages.grant(h, want) {
+            Ok(g) => g,
+            Err(_) => {
+                // Pages replaced a moment ago may be free once the readers
+                // move on.
+                self.reclaim_now();
+                self.pages.grant(h, want)?
+            }
+        };
+        let c = self.client(caller)?;
+        if let Some(p) = &c.protector {
+            if p.set(start, n, true).is_err() {
+                self.pages.release(h);
+                return Err(Errno::EIO);
+            }
+        }
+        Ok(Reply {
+            inode: start,
+            value: n,
+            ..Reply::default()
+        })
+    }
+
+    /// Zeroes the bytes of the page holding byte `old_size` from there to
+    /// the page's end, before a change makes them part of the file: they
+    /// may hold what a shrink left behind. No reader reads past the size it
+    /// saw, so the page is changed in place.
+    fn zero_tail(&mut self, inode: u64, old_size: u64, unless: std::ops::Range<u64>) {
+        let at = old_size % PAGE;
+        let page = old_size / PAGE;
+        if at == 0 || unless.contains(&page) {
+            return;
+        }
+        let e = MapReader::of_inode(self.ns.shm(), inode).entry(page);
+        if e != 0 {
+            let off = entry_page(e) * PAGE + at;
+            let region = self.image.region();
+            let _ = region.fill(off, PAGE - at, 0);
+            let _ = region.persist(off, PAGE - at);
+        }
+    }
+
+    fn commit(
+        &mut self,
+        ino: u64,
+        first: u64,
+        size: u64,
+        extents: &Extents,
+        caller: Caller,
+    ) -> Result<Reply, Errno> {
+        let n = extents.pages();
+        if n == 0
+            || n > COMMIT_PAGES_MAX
+            || extents.as_slice().iter().any(|e| e.len == 0)
+            || first.checked_add(n).is_none_or(|end| end > MAX_FILE_PAGES)
+            || size > MAX_FILE_SIZE
+        {
+            return Err(Errno::EINVAL);
+        }
+        let inode = self.leased(ino, caller)?;
+        let h = holder(caller);
+        let pages: Vec<u64> = extents.iter_pages().collect();
+        self.pages.take(h, &pages)?;
+        let old_size = self.ns.shm_u64(inode + I_SIZE);
+        let new_size = old_size.max(size);
+        if new_size > old_size {
+            self.zero_tail(inode, old_size, first..first + n);
+        }
+        let time = now_ns();
+        let rec = Record::Write {
+            ino,
+            first,
+            extents: *extents,
+            size: new_size,
+            time,
+        };
+        if let Err(e) = self.log_record(&rec) {
+            self.pages.untake(h, &pages);
+            return Err(e);
+        }
+        self.ns.write_pages(inode, first, &pages, new_size, time)?;
+        self.retire_replaced();
+        self.after_commit(caller, extents);
+        self.maybe_checkpoint();
+        Ok(Reply {
+            ino,
+            inode,
+            value: new_size,
+            ..Reply::default()
+        })
+    }
+
+    fn truncate(&mut self, ino: u64, size: u64, caller: Caller) -> Result<Reply, Errno> {
+        if size > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let inode = self.leased(ino, caller)?;
+        self.set_size(inode, ino, size)?;
+        Ok(Reply {
+            ino,
+            inode,
+            value: size,
+            ..Reply::default()
+        })
+    }
+
+    fn set_size(&mut self, inode: u64, ino: u64, size: u64) -> Result<(), Errno> {
+        let old_size = self.ns.shm_u64(inode + I_SIZE);
+        if size > old_size {
+            self.zero_tail(inode, old_size, 0..0);
+        }
+        let time = now_ns();
+        self.log_record(&Record::Truncate { ino, size, time })?;
+        self.ns.truncate_file(inode, size, time)?;
+        self.retire_replaced();
+        self.maybe_checkpoint();
+        Ok(())
+    }
+
+    /// Puts the pages the namespace replaced or dropped to wait for their
+    /// grace period.
+    pub(super) fn retire_replaced(&mut self) {
+        let epoch = self.ns.epoch();
+        for p in self.ns.take_replaced() {
+            self.pages.retire(p, epoch);
+        }
+    }
+
+    /// Makes committed pages read-only again as the client's protection
+    /// mode says.
+    fn after_commit(&mut self, caller: Caller, extents: &Extents) {
+        let Some(c) = self.data.clients.get_mut(&caller.client) else {
+            return;
+        };
+        let Some(p) = c.protector.clone() else {
+            return;
+        };
+        match c.protection {
+            Protection::Off => {}
+            Protection::Strict => {
+                for e in extents.as_slice() {
+                    let _ = p.set(e.start, u64::from(e.len), false);
+                }
+            }
+            Protection::Batched => {
+                let pend = c.pending.entry(caller.slot).or_insert_with(|| Pending {
+                    runs: Vec::new(),
+                    pages: 0,
+                    since: Instant::now(),
+                });
+                if pend.runs.is_empty() {
+                    pend.since = Instant::now();
+                }
+                for e in extents.as_slice() {
+                    let (s, l) = (e.start, u64::from(e.len));
+                    match pend.runs.last_mut() {
+                        Some(last) if last.0 + last.1 == s => last.1 += l,
+                        _ => pend.runs.push((s, l)),
+                    }
+                    pend.pages += l;
+                }
+                if pend.pages >= BATCH_PAGES || pend.since.elapsed() >= BATCH_TIME {
+                    flush_pending(c, caller.slot);
+                }
+            }
+        }
+    }
+
+    /// Makes read-only the committed pages that have stayed writable for
+    /// [`BATCH_TIME`] (Kfs calls this while idle).
+    pub fn expire_protection(&mut self) {
+        for c in self.data.clients.values_mut() {
+            let due: Vec<u32> = c
+                .pending
+                .iter()
+                .filter(|(_, p)| !p.runs.is_empty() && p.since.elapsed() >= BATCH_TIME)
+                .map(|(&s, _)| s)
+                .collect();
+            for slot in due {
+                flush_pending(c, slot);
+            }
+        }
+    }
+}
+
+fn holder(caller: Caller) -> Holder {
+    Holder {
+        client: caller.client,
+        slot: caller.slot,
+    }
+}
+
+fn flush_pending(c: &mut ClientData, slot: u32) {
+    let Some(pend) = c.pending.get_mut(&slot) else {
+        return;
+    };
+    if let Some(p) = &c.protector {
+        for &(s, l) in &pend.runs {
+            let _ = p.set(s, l, false);
+        }
+    }
+    pend.runs.clear();
+    pend.pages = 0;
+}
