@@ -22,6 +22,7 @@
 mod dir;
 mod fs;
 mod metadata;
+pub mod range_lock;
 
 pub use dir::{DirEntry, ReadDir};
 pub use fs::{Config, Fs};
