@@ -96,6 +96,9 @@ pub(crate) struct Inner {
     pub(crate) region: RegionView,
     /// This process's number at Kfs.
     client: u32,
+    /// Kfs has stopped: requests fail with `ENOTCONN` (files may outlive
+    /// the `Fs` they were opened from).
+    closed: std::sync::atomic::AtomicBool,
     /// Each slot's page pool: the next unused page and the end.
     pools: Vec<Mutex<(u64, u64)>>,
     /// Range locks of the files open in this process.
@@ -181,6 +184,9 @@ impl Inner {
 
     fn call(self: &Arc<Self>, req: &Request<'_>) -> io::Result<Reply> {
         let slot = self.slot()?;
+        if self.closed.load(Ordering::Acquire) {
+            return Err(err(Errno::ENOTCONN));
+        }
         self.segment
             .call(slot, &self.doorbell, req)
             .and_then(Reply::result)
@@ -192,6 +198,9 @@ impl Inner {
     pub(crate) fn call_as(&self, slot: usize, req: &Request<'_>) -> io::Result<Reply> {
         if let Some(r) = self.try_direct(slot, req) {
             return r;
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(err(Errno::ENOTCONN));
         }
         self.segment
             .call(slot, &self.doorbell, req)
@@ -327,6 +336,7 @@ impl Fs {
                 index,
                 region,
                 client,
+                closed: std::sync::atomic::AtomicBool::new(false),
                 pools: (0..SLOTS).map(|_| Mutex::new((0, 0))).collect(),
                 range_locks: Mutex::default(),
                 segment,
@@ -344,6 +354,7 @@ impl Fs {
     /// Closes the file system: Kfs finishes, checkpoints, and marks the
     /// image clean.
     pub fn close(self) -> io::Result<()> {
+        self.inner.closed.store(true, Ordering::Release);
         let kfs = self.inner.kfs.lock().take();
         match kfs {
             Some(k) => k.shutdown().map_err(kfs_err),
@@ -354,6 +365,7 @@ impl Fs {
     /// Stops as a crash would: no checkpoint, no clean flag; the next open
     /// recovers from the log. For crash tests.
     pub fn simulate_crash(self) {
+        self.inner.closed.store(true, Ordering::Release);
         if let Some(k) = self.inner.kfs.lock().take() {
             k.crash();
         }
@@ -704,6 +716,7 @@ impl Fs {
 
 impl Drop for Fs {
     fn drop(&mut self) {
+        self.inner.closed.store(true, Ordering::Release);
         if let Some(k) = self.inner.kfs.lock().take() {
             let _ = k.shutdown();
         }

@@ -1,0 +1,53 @@
+//! File data through `File` and `OpenOptions`: writes, reads, holes,
+//! truncation, appends, reopen and crash recovery.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+
+use kucofs::{File, Fs, OpenOptions};
+
+fn image() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().join("fs.img");
+    (dir, path)
+}
+
+#[test]
+fn write_read_holes_truncate_and_reopen() {
+    let (_d, path) = image();
+    let fs = Fs::create(&path, 64 << 20).unwrap();
+    let f = File::create(&fs, "a").unwrap();
+    assert_eq!(f.write_at(b"hello", 0).unwrap(), 5);
+    assert_eq!(f.write_at(b"world", 10_000).unwrap(), 5);
+    let mut buf = vec![0u8; 10_005];
+    let g = File::open(&fs, "a").unwrap();
+    assert_eq!(g.read_at(&mut buf, 0).unwrap(), 10_005);
+    assert_eq!(&buf[..5], b"hello");
+    assert!(buf[5..10_000].iter().all(|&b| b == 0));
+    assert_eq!(&buf[10_000..], b"world");
+    assert_eq!(fs.metadata("a").unwrap().len(), 10_005);
+    f.set_len(3).unwrap();
+    f.set_len(8).unwrap();
+    assert_eq!(fs.read("a").unwrap(), b"hel\0\0\0\0\0");
+    drop((f, g));
+    fs.write("big", vec![7u8; 5 << 20]).unwrap();
+    fs.close().unwrap();
+    let fs = Fs::open(&path).unwrap();
+    assert_eq!(fs.read("a").unwrap(), b"hel\0\0\0\0\0");
+    assert_eq!(fs.read("big").unwrap(), vec![7u8; 5 << 20]);
+    let mut f = OpenOptions::new().append(true).open(&fs, "a").unwrap();
+    f.write_all(b"XY").unwrap();
+    drop(f);
+    fs.simulate_crash();
+    let fs = Fs::open(&path).unwrap();
+    let mut f = File::open(&fs, "a").unwrap();
+    let mut s = Vec::new();
+    f.read_to_end(&mut s).unwrap();
+    assert_eq!(s, b"hel\0\0\0\0\0XY");
+    f.seek(SeekFrom::Start(1)).unwrap();
+    let mut two = [0u8; 2];
+    f.read_exact(&mut two).unwrap();
+    assert_eq!(&two, b"el");
+    fs.close().unwrap();
+    let report = kucofs_kfs::fsck(&path).unwrap();
+    assert!(report.problems.is_empty(), "{report}");
+}
