@@ -7,6 +7,11 @@
 //! constructor `fn(spec: &str, arg: &str) -> Result<Box<dyn Backend>>`, then
 //! add one [`Kind`] entry to [`KINDS`]. The parser, its error message and
 //! `fxbench run --help` all read that table.
+//!
+//! Metadata operations are methods of [`Backend`]; file data goes through
+//! a [`FileHandle`] that [`Backend::open_file`] returns, so a data
+//! workload's timed loop is one positioned read or write on a handle it
+//! opened in setup, as FxMark's `pread`/`pwrite` on a file descriptor.
 
 pub mod dir;
 pub mod kucofs;
@@ -40,10 +45,80 @@ pub trait Backend: fmt::Debug + Send + Sync {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Removes a directory and everything below it.
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Opens a regular file as `options` say, like `std::fs::OpenOptions`.
+    fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>>;
     /// Counters of the backend's server, if it has one (KucoFS's Kfs):
     /// read before and after a run to report the server's share.
     fn server_counters(&self) -> Option<ServerCounters> {
         None
+    }
+}
+
+/// How [`Backend::open_file`] opens a file: the flags of
+/// `std::fs::OpenOptions` that the workloads use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    pub read: bool,
+    pub write: bool,
+    /// Every write goes to the end of the file (`O_APPEND`).
+    pub append: bool,
+    pub create: bool,
+    pub truncate: bool,
+}
+
+impl OpenOptions {
+    /// An existing file, read-only (`File::open`).
+    pub const READ: OpenOptions = OpenOptions {
+        read: true,
+        write: false,
+        append: false,
+        create: false,
+        truncate: false,
+    };
+    /// An existing file, for reading and writing in place.
+    pub const READ_WRITE: OpenOptions = OpenOptions {
+        write: true,
+        ..OpenOptions::READ
+    };
+    /// A new or emptied file, for writing (`File::create`).
+    pub const CREATE: OpenOptions = OpenOptions {
+        read: false,
+        write: true,
+        append: false,
+        create: true,
+        truncate: true,
+    };
+    /// A file, made if missing, that every write extends.
+    pub const APPEND: OpenOptions = OpenOptions {
+        read: false,
+        write: true,
+        append: true,
+        create: true,
+        truncate: false,
+    };
+}
+
+/// An open regular file of a backend. Offsets and lengths are in bytes;
+/// each method is one file-system operation (one system call for `dir:`).
+pub trait FileHandle: fmt::Debug + Send + Sync {
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read
+    /// (fewer at the end of the file).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes up to `buf.len()` bytes at `offset`; returns how many were
+    /// written.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize>;
+    /// Writes up to `buf.len()` bytes at the end of a file opened with
+    /// [`OpenOptions::append`]; returns how many were written.
+    fn append(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Truncates or extends the file to `size` bytes.
+    fn set_len(&self, size: u64) -> io::Result<()>;
+    /// Makes the file's data and metadata durable (`fsync`).
+    fn sync_all(&self) -> io::Result<()>;
+    /// The file's current size in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Whether the file is empty.
+    fn is_empty(&self) -> io::Result<bool> {
+        self.len().map(|n| n == 0)
     }
 }
 
@@ -97,7 +172,7 @@ pub const KINDS: &[Kind] = &[
     },
     Kind {
         name: "kucofs",
-        usage: "kucofs[:queued+nohints+size=SIZE+image=PATH]",
+        usage: "kucofs[:queued+nohints+protect=strict|batched|off+size=SIZE+image=PATH]",
         about: "KucoFS with Kfs embedded, on a fresh image under /dev/shm",
         open: KucofsBackend::open_boxed,
     },

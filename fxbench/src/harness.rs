@@ -5,8 +5,8 @@
 //! A run is one or more *rounds*. Most workloads need a single round: each
 //! worker's [`Worker::prepare`] says it can do any number of operations and
 //! the round lasts the whole budget. A workload that consumes what setup
-//! made (MWUL unlinks pre-created files) says how many operations its
-//! preparation allows; when every worker has used them up the round ends,
+//! made (MWUL unlinks pre-created files; DWAL fills a file up to a cap)
+//! says how many operations its preparation allows; when every worker has used them up the round ends,
 //! and the next round prepares again, untimed, until the budget is spent.
 //! Only the rounds' timed phases are summed into the result.
 
@@ -236,6 +236,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::backend::{FileHandle, OpenOptions};
 
     /// A backend that is never called: these workers do no I/O.
     #[derive(Debug)]
@@ -261,6 +262,9 @@ mod tests {
             unreachable!()
         }
         fn remove_dir_all(&self, _: &Path) -> io::Result<()> {
+            unreachable!()
+        }
+        fn open_file(&self, _: &Path, _: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
             unreachable!()
         }
     }

@@ -1,13 +1,18 @@
 //! FxMark-style benchmarks of KucoFS, always measured beside the kernel's
 //! own file system in the same run.
 //!
-//! The metadata workloads of FxMark (Min et al., USENIX ATC 2016) run on
-//! any [`Backend`]: a `dir:PATH` of a kernel file system today, KucoFS
-//! through its library once it has a path-based API. A [`suite::Plan`]
-//! runs every workload at every thread count on every backend; the
-//! [`report`] puts them side by side, the first backend as the baseline.
-//! The persistence primitives are benchmarked by
-//! `cargo bench -p kucofs-common`.
+//! FxMark's metadata workloads (MWCL, MWCM, MRPL, MRPM, MWUL, MWRL), its
+//! data workloads (DRBL, DRBM, DWOL, DWOM, DWAL, DWSL) and two of random
+//! 4 KiB I/O (RNDRD, RNDWR) (Min et al., USENIX ATC 2016; see [`workload`])
+//! run on any [`Backend`]: a `dir:PATH` of a kernel file system, or KucoFS
+//! through its library (`kucofs`). Data goes through the
+//! [`backend::FileHandle`]s a backend opens; KucoFS's needs the library's
+//! file API, behind this crate's cargo feature `kucofs-data` until that
+//! lands. A [`suite::Plan`] runs every workload at every thread count on
+//! every backend; the [`report`] puts them side by side, the first backend
+//! as the baseline, with the bandwidth of the data workloads. The
+//! persistence primitives are benchmarked by `cargo bench -p
+//! kucofs-common`.
 
 pub mod backend;
 pub mod error;
@@ -15,6 +20,7 @@ pub mod harness;
 pub mod machine;
 pub mod report;
 pub mod rng;
+pub mod size;
 pub mod suite;
 #[cfg(test)]
 mod testing;

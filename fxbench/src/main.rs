@@ -1,5 +1,5 @@
-//! `fxbench`: run FxMark-style metadata benchmarks on one or more backends
-//! and print (and optionally save) the results side by side.
+//! `fxbench`: run FxMark-style metadata and data benchmarks on one or more
+//! backends and print (and optionally save) the results side by side.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,13 +8,14 @@ use clap::{Parser, Subcommand};
 use fxbench::machine::Machine;
 use fxbench::report::{Report, ResultsFile};
 use fxbench::suite::{self, Plan};
-use fxbench::{backend, Budget, Workload};
+use fxbench::workload::Params;
+use fxbench::{backend, size, Budget, Workload};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "fxbench",
     version,
-    about = "FxMark-style metadata benchmarks, KucoFS beside the kernel's file systems"
+    about = "FxMark-style metadata and data benchmarks, KucoFS beside the kernel's file systems"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -25,13 +26,15 @@ struct Cli {
 enum Command {
     /// Run workloads on backends at thread counts, and print a table.
     Run(RunArgs),
-    /// List the workloads.
+    /// List the workloads, metadata then data.
     List,
 }
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// Workloads to run, comma-separated (see `fxbench list`).
+    /// Workloads to run, comma-separated (see `fxbench list`); the default
+    /// is the metadata ones. Data: DRBL, DRBM, DWOL, DWOM, DWAL, DWSL,
+    /// RNDRD, RNDWR.
     #[arg(
         long,
         value_delimiter = ',',
@@ -50,9 +53,18 @@ struct RunArgs {
     /// (for creation workloads, the number of files each worker makes).
     #[arg(long, value_name = "N", conflicts_with = "seconds")]
     count: Option<u64>,
+    /// Each worker's file in RNDRD and RNDWR (written untimed before the
+    /// run), and the size at which DWAL empties its file: a multiple of
+    /// 4096, with an optional K, M or G.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = file_size)]
+    file_size: u64,
     /// Also write the machine description and results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+}
+
+fn file_size(text: &str) -> Result<u64, String> {
+    size::parse(text).ok_or_else(|| format!("`{text}` is not a size like 256M"))
 }
 
 fn backends_help() -> String {
@@ -83,14 +95,20 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         backends,
         threads: args.threads,
         budget,
+        params: Params {
+            file_size: args.file_size,
+        },
     };
     plan.check()?;
     let json = args.json.as_deref().map(ResultsFile::create).transpose()?;
 
     let machine = Machine::describe();
     let results = plan.run(|m| {
+        let bandwidth = m
+            .mib_per_sec()
+            .map_or_else(String::new, |b| format!(" ({b:.1} MiB/s)"));
         eprintln!(
-            "{} on {} with {} thread(s): {} ops in {:.3} s",
+            "{} on {} with {} thread(s): {} ops in {:.3} s{bandwidth}",
             m.workload, m.backend, m.threads, m.ops, m.seconds
         );
     })?;
@@ -104,7 +122,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
 fn list() {
     for w in Workload::ALL {
-        println!("{}  {}", w.name(), w.description());
+        println!("{:<5}  {}", w.name(), w.description());
     }
 }
 

@@ -29,6 +29,9 @@ pub struct Row {
     pub ops: u64,
     pub seconds: f64,
     pub ops_per_sec: f64,
+    /// MiB read or written per second, for a data workload (`null` for a
+    /// metadata one).
+    pub mib_per_sec: Option<f64>,
     /// This row's ops/s over that of the first backend for the same
     /// workload and thread count; `None` if that one is missing or did
     /// nothing.
@@ -38,6 +41,34 @@ pub struct Row {
     pub server: Option<BTreeMap<String, ServerOp>>,
     /// Share of the run's wall time the server spent serving requests.
     pub server_busy: Option<f64>,
+}
+
+impl Row {
+    /// The row's cells in the table, with or without the optional columns.
+    fn cells(&self, bandwidth: bool, server: bool) -> Vec<String> {
+        let dash = || "-".to_owned();
+        let mut row = vec![
+            self.workload.clone(),
+            self.backend.clone(),
+            self.threads.to_string(),
+            self.ops.to_string(),
+            format!("{:.3}", self.seconds),
+            format!("{:.0}", self.ops_per_sec),
+        ];
+        if bandwidth {
+            row.push(self.mib_per_sec.map_or_else(dash, |x| format!("{x:.1}")));
+        }
+        row.push(self.ratio_to_first.map_or_else(dash, |x| format!("{x:.2}")));
+        if server {
+            // The server's most frequent request and its mean service time.
+            let busiest = self
+                .server
+                .as_ref()
+                .and_then(|s| s.iter().max_by_key(|(_, o)| o.requests));
+            row.push(busiest.map_or_else(String::new, |(k, o)| format!("{k} {:.0} ns", o.mean_ns)));
+        }
+        row
+    }
 }
 
 /// One request type's figures at the server.
@@ -70,6 +101,7 @@ impl Report {
                     ops: m.ops,
                     seconds: m.seconds,
                     ops_per_sec: m.ops_per_sec(),
+                    mib_per_sec: m.mib_per_sec(),
                     ratio_to_first,
                     server: m.server.as_ref().map(|c| {
                         c.per_op
@@ -97,39 +129,23 @@ impl Report {
         }
     }
 
-    /// The results as an aligned text table with a header line.
+    /// The results as an aligned text table with a header line. The
+    /// bandwidth column is there only when some result is of a data
+    /// workload, the server column only when some backend has a server.
     pub fn table(&self) -> String {
-        let header = [
-            "workload", "backend", "threads", "ops", "seconds", "ops/s", "ratio", "server L",
-        ]
-        .map(str::to_owned);
-        // The server column only when some backend has a server.
-        let columns = if self.results.iter().any(|r| r.server.is_some()) {
-            8
-        } else {
-            7
-        };
-        let cells: Vec<Vec<String>> = std::iter::once(header)
-            .chain(self.results.iter().map(|r| {
-                [
-                    r.workload.clone(),
-                    r.backend.clone(),
-                    r.threads.to_string(),
-                    r.ops.to_string(),
-                    format!("{:.3}", r.seconds),
-                    format!("{:.0}", r.ops_per_sec),
-                    r.ratio_to_first
-                        .map_or_else(|| "-".to_owned(), |x| format!("{x:.2}")),
-                    // The server's most frequent request and its mean
-                    // service time.
-                    r.server
-                        .as_ref()
-                        .and_then(|s| s.iter().max_by_key(|(_, o)| o.requests))
-                        .map_or_else(String::new, |(k, o)| format!("{k} {:.0} ns", o.mean_ns)),
-                ]
-            }))
-            .map(|row| row.into_iter().take(columns).collect())
-            .collect();
+        let bandwidth = self.results.iter().any(|r| r.mib_per_sec.is_some());
+        let server = self.results.iter().any(|r| r.server.is_some());
+        let mut header = vec!["workload", "backend", "threads", "ops", "seconds", "ops/s"];
+        if bandwidth {
+            header.push("MiB/s");
+        }
+        header.push("ratio");
+        if server {
+            header.push("server L");
+        }
+        let mut cells = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
+        cells.extend(self.results.iter().map(|r| r.cells(bandwidth, server)));
+        let columns = cells[0].len();
         let mut widths = vec![0; columns];
         for row in &cells {
             for (w, cell) in widths.iter_mut().zip(row) {
@@ -256,6 +272,30 @@ mod tests {
     }
 
     #[test]
+    fn data_workloads_add_a_bandwidth_column() {
+        let results = [
+            m(Workload::Mwcl, "dir:a", 1, 100),
+            m(Workload::Dwol, "dir:a", 1, 1024),
+            m(Workload::Dwol, "dir:b", 1, 2048),
+        ];
+        let table = Report::new(Machine::describe(), &results, "dir:a").table();
+        let lines: Vec<Vec<_>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                vec!["workload", "backend", "threads", "ops", "seconds", "ops/s", "MiB/s", "ratio"],
+                vec!["MWCL", "dir:a", "1", "100", "2.000", "50", "-", "1.00"],
+                vec!["DWOL", "dir:a", "1", "1024", "2.000", "512", "2.0", "1.00"],
+                vec!["DWOL", "dir:b", "1", "2048", "2.000", "1024", "4.0", "2.00"],
+            ],
+            "{table}"
+        );
+    }
+
+    #[test]
     fn the_json_has_exactly_machine_and_results() {
         let tmp = crate::testing::tempdir();
         let path = tmp.path().join("out.json");
@@ -275,7 +315,23 @@ mod tests {
         assert_eq!(first["seconds"], 2.0);
         assert_eq!(first["ops_per_sec"], 150.0);
         assert_eq!(first["ratio_to_first"], 3.0);
+        assert!(first["mib_per_sec"].is_null());
         assert!(v["machine"]["date"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[test]
+    fn the_json_of_a_data_workload_has_its_bandwidth() {
+        let report = Report::new(
+            Machine::describe(),
+            &[m(Workload::Rndrd, "dir:a", 2, 512)],
+            "dir:a",
+        );
+        let v = serde_json::to_value(&report).unwrap();
+        let row = &v["results"][0];
+        assert_eq!(row["workload"], "RNDRD");
+        assert_eq!(row["ops_per_sec"], 256.0);
+        assert_eq!(row["mib_per_sec"], 1.0);
+        assert_eq!(row["ratio_to_first"], 1.0);
     }
 
     #[test]

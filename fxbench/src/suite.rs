@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::error::{Error, OpFailure, Result};
 use crate::harness::{self, Budget};
-use crate::workload::Workload;
+use crate::workload::{Params, Workload};
 
 /// What to run.
 #[derive(Debug)]
@@ -18,6 +18,7 @@ pub struct Plan {
     pub backends: Vec<Box<dyn Backend>>,
     pub threads: Vec<usize>,
     pub budget: Budget,
+    pub params: Params,
 }
 
 /// One workload, on one backend, at one thread count.
@@ -45,6 +46,13 @@ impl Measurement {
             0.0
         }
     }
+
+    /// Bytes read or written per second by all workers together, in MiB,
+    /// for a data workload.
+    pub fn mib_per_sec(&self) -> Option<f64> {
+        let bytes = self.workload.bytes_per_op()?;
+        Some(self.ops_per_sec() * bytes as f64 / f64::from(1 << 20))
+    }
 }
 
 impl Plan {
@@ -63,7 +71,7 @@ impl Plan {
         match self.budget {
             Budget::Time(d) if d.is_zero() => bad("--seconds must be more than 0"),
             Budget::Count(0) => bad("--count must be at least 1"),
-            _ => Ok(()),
+            _ => self.params.check(),
         }
     }
 
@@ -75,7 +83,7 @@ impl Plan {
         for &workload in &self.workloads {
             for &threads in &self.threads {
                 for fs in &self.backends {
-                    let m = run_one(fs.as_ref(), workload, threads, self.budget)?;
+                    let m = run_one(fs.as_ref(), workload, threads, self.budget, &self.params)?;
                     each(&m);
                     all.push(m);
                 }
@@ -93,6 +101,7 @@ pub fn run_one(
     workload: Workload,
     threads: usize,
     budget: Budget,
+    params: &Params,
 ) -> Result<Measurement> {
     let dir = PathBuf::from(format!("fxbench-{workload}-{threads}"));
     let context = |source| Error::Run {
@@ -109,7 +118,7 @@ pub fn run_one(
         _ => {}
     }
     let before = fs.server_counters();
-    let outcome = setup_and_run(fs, workload, &dir, threads, budget);
+    let outcome = setup_and_run(fs, workload, &dir, threads, budget, params);
     let server = fs
         .server_counters()
         .zip(before)
@@ -134,10 +143,13 @@ fn setup_and_run(
     dir: &Path,
     threads: usize,
     budget: Budget,
+    params: &Params,
 ) -> Result<harness::Outcome, OpFailure> {
     fs.create_dir_all(dir)
         .map_err(|e| OpFailure::new("create directory", dir, e))?;
-    let mut workers = workload.setup(fs, dir, threads)?;
+    // The workers, and the files they hold open, are dropped before the
+    // caller removes the directory.
+    let mut workers = workload.setup(fs, dir, threads, params)?;
     harness::run(fs, &mut workers, budget)
 }
 
@@ -155,7 +167,7 @@ pub fn seconds(secs: f64) -> Result<Budget> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::DirBackend;
+    use crate::backend::{DirBackend, FileHandle, OpenOptions};
     use crate::error::chain;
 
     fn plan(tmp: &Path, threads: Vec<usize>, budget: Budget) -> Plan {
@@ -167,6 +179,7 @@ mod tests {
             ],
             threads,
             budget,
+            params: Params::default(),
         }
     }
 
@@ -208,7 +221,7 @@ mod tests {
         std::fs::create_dir_all(tmp.path().join("fxbench-MWCL-1/w0")).unwrap();
         std::fs::write(tmp.path().join("fxbench-MWCL-1/w0/0"), b"").unwrap();
         let fs = DirBackend::open("dir:a", tmp.path()).unwrap();
-        let m = run_one(&fs, Workload::Mwcl, 1, Budget::Count(5)).unwrap();
+        let m = run_one(&fs, Workload::Mwcl, 1, Budget::Count(5), &Params::default()).unwrap();
         assert_eq!(m.ops, 5);
     }
 
@@ -239,13 +252,17 @@ mod tests {
         fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
             self.0.remove_dir_all(path)
         }
+        fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
+            self.0.open_file(path, options)
+        }
     }
 
     #[test]
     fn a_failing_run_names_workload_backend_and_path_and_still_cleans_up() {
         let tmp = crate::testing::tempdir();
         let fs = BrokenStat(DirBackend::open("dir:a", tmp.path()).unwrap());
-        let err = run_one(&fs, Workload::Mrpl, 2, Budget::Count(5)).unwrap_err();
+        let err =
+            run_one(&fs, Workload::Mrpl, 2, Budget::Count(5), &Params::default()).unwrap_err();
         let msg = chain(&err);
         assert!(
             msg.starts_with("MRPL on dir:a with 2 thread(s): stat fxbench-MRPL-2/w"),
@@ -260,11 +277,81 @@ mod tests {
         let tmp = crate::testing::tempdir();
         let fs = DirBackend::open("dir:a", tmp.path()).unwrap();
         std::fs::write(tmp.path().join("fxbench-MWCL-1"), b"").unwrap();
-        let msg = chain(&run_one(&fs, Workload::Mwcl, 1, Budget::Count(5)).unwrap_err());
+        let msg = chain(
+            &run_one(&fs, Workload::Mwcl, 1, Budget::Count(5), &Params::default()).unwrap_err(),
+        );
         assert!(
             msg.starts_with("MWCL on dir:a with 1 thread(s): remove leftover fxbench-MWCL-1: "),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn every_data_workload_runs_on_a_dir_backend_and_leaves_nothing_behind() {
+        let tmp = crate::testing::tempdir();
+        let data: Vec<_> = Workload::ALL
+            .into_iter()
+            .filter(|w| w.bytes_per_op().is_some())
+            .collect();
+        assert_eq!(data.len(), 8);
+        let plan = Plan {
+            workloads: data.clone(),
+            backends: vec![Box::new(DirBackend::open("dir:a", tmp.path()).unwrap())],
+            threads: vec![1, 2],
+            budget: Budget::Count(40),
+            // DWAL's cap of 16 blocks makes it empty its file twice.
+            params: Params {
+                file_size: 16 * 4096,
+            },
+        };
+        let all = plan.run(|_| {}).unwrap();
+        assert_eq!(all.len(), 16);
+        for (m, w) in all.iter().zip(data.iter().flat_map(|&w| [w, w])) {
+            assert_eq!(m.workload, w);
+            assert_eq!(m.ops, 40 * m.threads as u64, "{m:?}");
+            let mib = m.mib_per_sec().unwrap();
+            let expected = m.ops_per_sec() * 4096.0 / 1048576.0;
+            assert!((mib - expected).abs() <= 1e-9 * expected, "{m:?}");
+        }
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[cfg(not(feature = "kucofs-data"))]
+    #[test]
+    fn a_data_workload_on_kucofs_without_its_file_api_fails_in_one_sentence() {
+        let tmp = crate::testing::tempdir();
+        let arg = format!("size=16M+image={}", tmp.path().join("img").display());
+        let fs = crate::backend::KucofsBackend::open("kucofs:t", &arg).unwrap();
+        let err =
+            run_one(&fs, Workload::Dwol, 1, Budget::Count(5), &Params::default()).unwrap_err();
+        let msg = chain(&err);
+        assert!(
+            msg.starts_with("DWOL on kucofs:t with 1 thread(s): open fxbench-DWOL-1/w0/file: "),
+            "{msg}"
+        );
+        assert!(msg.contains("--features kucofs-data"), "{msg}");
+    }
+
+    #[test]
+    fn metadata_workloads_have_no_bandwidth() {
+        let m = Measurement {
+            workload: Workload::Mwcl,
+            backend: "dir:a".into(),
+            threads: 1,
+            ops: 10,
+            seconds: 1.0,
+            server: None,
+        };
+        assert_eq!(m.mib_per_sec(), None);
+    }
+
+    #[test]
+    fn a_file_size_that_is_not_whole_blocks_is_refused_before_running() {
+        let tmp = crate::testing::tempdir();
+        let mut plan = plan(tmp.path(), vec![1], Budget::Count(1));
+        plan.params.file_size = 5000;
+        let msg = chain(&plan.run(|_| panic!("ran")).unwrap_err());
+        assert!(msg.contains("--file-size"), "{msg}");
     }
 
     #[test]

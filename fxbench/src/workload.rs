@@ -1,12 +1,24 @@
-//! The FxMark metadata workloads (Min et al., "Understanding Manycore
-//! Scalability of File Systems", USENIX ATC 2016) this crate implements.
+//! The FxMark workloads (Min et al., "Understanding Manycore Scalability
+//! of File Systems", USENIX ATC 2016) this crate implements, and two of
+//! random I/O.
 //!
-//! A name reads as FxMark's: M (metadata), then R or W (read or write),
-//! then the operation (C create, P path resolution, U unlink, R rename),
-//! then the sharing level (L low: each worker in its own directory; M
-//! medium: workers share a directory).
+//! A name reads as FxMark's: M (metadata) or D (data), then R or W (read or
+//! write), then the operation (metadata: C create, P path resolution, U
+//! unlink, R rename; data: B read a block, O overwrite, A append, S
+//! overwrite and sync), then the sharing level (L low: each worker has its
+//! own directory or file; M medium: workers share a directory or file, each
+//! on its own names or blocks). RNDRD and RNDWR read and overwrite random
+//! blocks of a private file.
+//!
+//! Data workloads move one 4 KiB block ([`BLOCK`]) per operation and set
+//! up their files untimed; every block written carries a counter, so no
+//! write is a no-op.
 
+mod append;
+mod block;
 mod create;
+mod overwrite;
+mod read;
 mod rename;
 mod stat;
 mod unlink;
@@ -19,7 +31,9 @@ use crate::backend::Backend;
 use crate::error::{Error, OpFailure};
 use crate::harness::Worker;
 
-/// One FxMark metadata workload.
+pub use block::BLOCK;
+
+/// One workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Workload {
     /// Create empty files, each worker in its own directory.
@@ -34,17 +48,78 @@ pub enum Workload {
     Mwul,
     /// Rename a file back and forth, each worker in its own directory.
     Mwrl,
+    /// Read one block of a private file.
+    Drbl,
+    /// Read a private block of one shared file.
+    Drbm,
+    /// Overwrite one block of a private file.
+    Dwol,
+    /// Overwrite a private block of one shared file.
+    Dwom,
+    /// Append blocks to a private file; when it reaches
+    /// [`Params::file_size`] it is truncated to 0, untimed, between rounds
+    /// (only appends count).
+    Dwal,
+    /// Overwrite one block of a private file and `fsync` it.
+    Dwsl,
+    /// Read random blocks of a private file.
+    Rndrd,
+    /// Overwrite random blocks of a private file.
+    Rndwr,
+}
+
+/// What sizes the workloads that take one use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Bytes in each worker's file for RNDRD and RNDWR, and the size at
+    /// which DWAL empties its file: a positive multiple of [`BLOCK`].
+    pub file_size: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            file_size: 256 << 20,
+        }
+    }
+}
+
+impl Params {
+    /// Refuses sizes the workloads cannot use.
+    pub fn check(&self) -> Result<(), Error> {
+        let block = BLOCK as u64;
+        if self.file_size < block || self.file_size % block != 0 {
+            return Err(Error::BadParameter(format!(
+                "--file-size must be a positive multiple of {BLOCK} bytes, not {}",
+                self.file_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Params::file_size`] in blocks.
+    fn file_blocks(&self) -> u64 {
+        self.file_size / BLOCK as u64
+    }
 }
 
 impl Workload {
     /// Every workload, in the order `fxbench list` shows them.
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 14] = [
         Workload::Mwcl,
         Workload::Mwcm,
         Workload::Mrpl,
         Workload::Mrpm,
         Workload::Mwul,
         Workload::Mwrl,
+        Workload::Drbl,
+        Workload::Drbm,
+        Workload::Dwol,
+        Workload::Dwom,
+        Workload::Dwal,
+        Workload::Dwsl,
+        Workload::Rndrd,
+        Workload::Rndwr,
     ];
 
     /// FxMark's name for the workload.
@@ -56,6 +131,14 @@ impl Workload {
             Workload::Mrpm => "MRPM",
             Workload::Mwul => "MWUL",
             Workload::Mwrl => "MWRL",
+            Workload::Drbl => "DRBL",
+            Workload::Drbm => "DRBM",
+            Workload::Dwol => "DWOL",
+            Workload::Dwom => "DWOM",
+            Workload::Dwal => "DWAL",
+            Workload::Dwsl => "DWSL",
+            Workload::Rndrd => "RNDRD",
+            Workload::Rndwr => "RNDWR",
         }
     }
 
@@ -72,6 +155,40 @@ impl Workload {
                 "unlink files pre-created untimed in batches of 10000, each worker in its own directory"
             }
             Workload::Mwrl => "rename a file a -> b -> a ..., each worker in its own directory",
+            Workload::Drbl => "read block 0 (4 KiB) of a private file",
+            Workload::Drbm => "read block N (4 KiB) of one shared file, worker N",
+            Workload::Dwol => "overwrite block 0 (4 KiB) of a private file",
+            Workload::Dwom => "overwrite block N (4 KiB) of one shared file, worker N",
+            Workload::Dwal => {
+                "append 4 KiB blocks to a private file, emptied untimed at --file-size (default 256M)"
+            }
+            Workload::Dwsl => "overwrite block 0 (4 KiB) of a private file, then fsync it",
+            Workload::Rndrd => {
+                "read random 4 KiB blocks of a private file of --file-size (default 256M), written untimed"
+            }
+            Workload::Rndwr => {
+                "overwrite random 4 KiB blocks of a private file of --file-size (default 256M), written untimed"
+            }
+        }
+    }
+
+    /// Bytes one operation reads or writes, for a data workload.
+    pub fn bytes_per_op(self) -> Option<u64> {
+        match self {
+            Workload::Mwcl
+            | Workload::Mwcm
+            | Workload::Mrpl
+            | Workload::Mrpm
+            | Workload::Mwul
+            | Workload::Mwrl => None,
+            Workload::Drbl
+            | Workload::Drbm
+            | Workload::Dwol
+            | Workload::Dwom
+            | Workload::Dwal
+            | Workload::Dwsl
+            | Workload::Rndrd
+            | Workload::Rndwr => Some(BLOCK as u64),
         }
     }
 
@@ -88,6 +205,7 @@ impl Workload {
         fs: &dyn Backend,
         dir: &Path,
         threads: usize,
+        params: &Params,
     ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
         match self {
             Workload::Mwcl => create::private_dirs(fs, dir, threads),
@@ -96,6 +214,14 @@ impl Workload {
             Workload::Mrpm => stat::shared_tree(fs, dir, threads),
             Workload::Mwul => unlink::private_dirs(fs, dir, threads),
             Workload::Mwrl => rename::private_dirs(fs, dir, threads),
+            Workload::Drbl => read::private_block(fs, dir, threads),
+            Workload::Drbm => read::shared_file(fs, dir, threads),
+            Workload::Dwol => overwrite::private_block(fs, dir, threads),
+            Workload::Dwom => overwrite::shared_file(fs, dir, threads),
+            Workload::Dwal => append::private_files(fs, dir, threads, params.file_blocks()),
+            Workload::Dwsl => overwrite::private_block_synced(fs, dir, threads),
+            Workload::Rndrd => read::random_blocks(fs, dir, threads, params.file_blocks()),
+            Workload::Rndwr => overwrite::random_blocks(fs, dir, threads, params.file_blocks()),
         }
     }
 }
@@ -196,7 +322,41 @@ pub(crate) mod tests {
         let err = "MWXX".parse::<Workload>().unwrap_err();
         assert_eq!(
             chain(&err),
-            "unknown workload `MWXX` (expected one of MWCL, MWCM, MRPL, MRPM, MWUL, MWRL)"
+            "unknown workload `MWXX` (expected one of MWCL, MWCM, MRPL, MRPM, MWUL, MWRL, \
+             DRBL, DRBM, DWOL, DWOM, DWAL, DWSL, RNDRD, RNDWR)"
         );
+    }
+
+    #[test]
+    fn data_workloads_and_only_they_move_a_block_per_operation() {
+        for w in Workload::ALL {
+            let data = !w.name().starts_with('M');
+            assert_eq!(w.bytes_per_op().is_some(), data, "{w}");
+            if data {
+                assert_eq!(w.bytes_per_op(), Some(4096), "{w}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_file_size_is_256_mib_and_the_description_says_so() {
+        assert_eq!(Params::default().file_size, 256 << 20);
+        for w in [Workload::Dwal, Workload::Rndrd, Workload::Rndwr] {
+            assert!(w.description().contains("256M"), "{w}");
+        }
+    }
+
+    #[test]
+    fn file_sizes_must_be_whole_blocks() {
+        for bad in [0, 1, 4095, 4097, 3 * 4096 + 1] {
+            let err = Params { file_size: bad }.check().unwrap_err();
+            assert!(
+                chain(&err).contains("--file-size must be a positive multiple of 4096"),
+                "{bad}"
+            );
+        }
+        for good in [4096, 8192, 256 << 20] {
+            Params { file_size: good }.check().unwrap();
+        }
     }
 }

@@ -4,6 +4,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const WORKLOADS: [&str; 6] = ["MWCL", "MWCM", "MRPL", "MRPM", "MWUL", "MWRL"];
+const DATA_WORKLOADS: [&str; 8] = [
+    "DRBL", "DRBM", "DWOL", "DWOM", "DWAL", "DWSL", "RNDRD", "RNDWR",
+];
 
 /// A scratch directory on tmpfs if there is one, else in the temp dir.
 fn scratch() -> tempfile::TempDir {
@@ -30,14 +33,26 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Runs `fxbench run` on `dir` and returns stdout and the parsed JSON.
+/// Runs `fxbench run` of the metadata workloads on `dir` and returns
+/// stdout and the parsed JSON.
 fn run(dir: &Path, budget: &[&str], threads: &str) -> (String, serde_json::Value) {
+    run_workloads(dir, &WORKLOADS.join(","), budget, threads)
+}
+
+/// Runs `fxbench run` of `workloads` on `dir` and returns stdout and the
+/// parsed JSON.
+fn run_workloads(
+    dir: &Path,
+    workloads: &str,
+    budget: &[&str],
+    threads: &str,
+) -> (String, serde_json::Value) {
     let json: PathBuf = dir.join("out.json");
     let backend = format!("dir:{}", dir.display());
     let mut args = vec![
         "run",
         "--workloads",
-        "MWCL,MWCM,MRPL,MRPM,MWUL,MWRL",
+        workloads,
         "--backends",
         &backend,
         "--threads",
@@ -105,6 +120,42 @@ fn all_six_workloads_run_for_an_exact_count_and_clean_up() {
 }
 
 #[test]
+fn all_data_workloads_run_with_a_small_file_size_and_report_bandwidth() {
+    let tmp = scratch();
+    let budget = ["--count", "100", "--file-size", "64K"];
+    let (table, json) = run_workloads(tmp.path(), &DATA_WORKLOADS.join(","), &budget, "1,2");
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 16, "{json}");
+    let header: Vec<_> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["workload", "backend", "threads", "ops", "seconds", "ops/s", "MiB/s", "ratio"]
+    );
+    for w in DATA_WORKLOADS {
+        for threads in [1, 2] {
+            let r = results
+                .iter()
+                .find(|r| r["workload"] == w && r["threads"] == threads)
+                .unwrap_or_else(|| panic!("no {w} at {threads} in {json}"));
+            assert_eq!(r["ops"], 100 * threads, "{r}");
+            let ops_per_sec = r["ops_per_sec"].as_f64().unwrap();
+            let mib_per_sec = r["mib_per_sec"].as_f64().unwrap();
+            assert!(
+                (mib_per_sec * 256.0 - ops_per_sec).abs() <= 1e-6 * ops_per_sec,
+                "{r}"
+            );
+            let cells = table_row(&table, w, threads);
+            assert_eq!(cells[6], format!("{mib_per_sec:.1}"), "{table}");
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["out.json"]);
+}
+
+#[test]
 fn a_timed_run_lasts_about_its_budget() {
     let tmp = scratch();
     let (table, json) = run(tmp.path(), &["--seconds", "0.3"], "2");
@@ -126,7 +177,7 @@ fn list_names_every_workload() {
         .lines()
         .map(|l| l.split_whitespace().next().unwrap())
         .collect();
-    assert_eq!(names, WORKLOADS);
+    assert_eq!(names, [&WORKLOADS[..], &DATA_WORKLOADS[..]].concat());
 }
 
 /// Runs with one bad argument and returns the error line.
@@ -166,6 +217,12 @@ fn bad_arguments_are_refused_in_one_sentence() {
 
     let err = refused(&with(&["--backends", &dir, "--threads", "0"]));
     assert!(err.contains("at least 1"), "{err}");
+
+    let err = refused(&with(&["--backends", &dir, "--file-size", "5000"]));
+    assert!(
+        err.contains("--file-size must be a positive multiple of 4096"),
+        "{err}"
+    );
 
     // Nothing ran, so nothing was left behind.
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);

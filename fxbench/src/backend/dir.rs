@@ -2,11 +2,12 @@
 //! `std::fs` on a directory of any mounted file system (tmpfs under
 //! `/dev/shm`, ext4-DAX, ...).
 
-use std::fs;
-use std::io;
+use std::fs::{self, File};
+use std::io::{self, Write as _};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::Backend;
+use super::{Backend, FileHandle, OpenOptions};
 use crate::error::{Error, Result};
 
 /// A directory of a kernel file system.
@@ -104,6 +105,47 @@ impl Backend for DirBackend {
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         fs::remove_dir_all(self.at(path))
     }
+
+    fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
+        let file = fs::OpenOptions::new()
+            .read(options.read)
+            .write(options.write)
+            .append(options.append)
+            .create(options.create)
+            .truncate(options.truncate)
+            .open(self.at(path))?;
+        Ok(Box::new(file))
+    }
+}
+
+/// A kernel file: `pread`, `pwrite`, `write` on an `O_APPEND` descriptor,
+/// `ftruncate`, `fsync` and `fstat`.
+impl FileHandle for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        FileExt::write_at(self, buf, offset)
+    }
+
+    fn append(&self, buf: &[u8]) -> io::Result<usize> {
+        // `O_APPEND` puts every write at the end, whatever the position.
+        let mut file: &File = self;
+        file.write(buf)
+    }
+
+    fn set_len(&self, size: u64) -> io::Result<()> {
+        File::set_len(self, size)
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        File::sync_all(self)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.metadata().map(|m| m.len())
+    }
 }
 
 #[cfg(test)]
@@ -178,6 +220,43 @@ mod tests {
     fn an_empty_path_is_refused() {
         let msg = chain(&DirBackend::open("dir:", Path::new("")).unwrap_err());
         assert!(msg.contains("no directory given"), "{msg}");
+    }
+
+    #[test]
+    fn file_handles_read_write_append_and_resize() {
+        let (tmp, fs) = backend();
+        let path = Path::new("f");
+        let f = fs.open_file(path, OpenOptions::CREATE).unwrap();
+        assert_eq!(f.write_at(b"hello", 0).unwrap(), 5);
+        assert_eq!(f.write_at(b"HE", 0).unwrap(), 2);
+        f.sync_all().unwrap();
+        assert_eq!(f.len().unwrap(), 5);
+        drop(f);
+
+        let a = fs.open_file(path, OpenOptions::APPEND).unwrap();
+        assert_eq!(a.append(b" world").unwrap(), 6);
+        assert_eq!(fs::read(tmp.path().join("f")).unwrap(), b"HEllo world");
+        a.set_len(3).unwrap();
+        assert_eq!(a.append(b"!").unwrap(), 1);
+        assert_eq!(fs::read(tmp.path().join("f")).unwrap(), b"HEl!");
+
+        let r = fs.open_file(path, OpenOptions::READ).unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(r.read_at(&mut buf, 1).unwrap(), 3);
+        assert_eq!(&buf[..3], b"El!");
+        assert_eq!(r.read_at(&mut buf, 10).unwrap(), 0);
+        assert!(r.write_at(b"x", 0).is_err(), "a read-only handle wrote");
+        a.set_len(0).unwrap();
+        assert!(r.is_empty().unwrap());
+    }
+
+    #[test]
+    fn opening_a_missing_file_without_create_fails() {
+        let (_tmp, fs) = backend();
+        for options in [OpenOptions::READ, OpenOptions::READ_WRITE] {
+            let err = fs.open_file(Path::new("nope"), options).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        }
     }
 
     #[test]

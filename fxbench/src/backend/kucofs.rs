@@ -2,10 +2,21 @@
 //! the benchmark process, on an image under `/dev/shm` made for the run and
 //! removed afterwards.
 //!
-//! Options, joined with `+` (commas separate backends): `queued` (every change goes to the Kfs thread through the
-//! request slots, even when Kfs is idle), `nohints` (collaborative indexing
-//! off: Kfs resolves every queued path itself), `size=SIZE` (the image's size, default 8G; the file is sparse),
-//! `image=PATH` (where to make it).
+//! Options, joined with `+` (commas separate backends): `queued` (every
+//! change goes to the Kfs thread through the request slots, even when Kfs is
+//! idle), `nohints` (collaborative indexing off: Kfs resolves every queued
+//! path itself), `protect=strict|batched|off` (the library's
+//! `Config::protection`), `size=SIZE` (the image's size, default 8G; the
+//! file is sparse), `image=PATH` (where to make it).
+//!
+//! # File data
+//!
+//! The library's file API (`kucofs_ulib::File`, `OpenOptions`, `Protection`)
+//! is not there yet, so the code that uses it is behind fxbench's cargo
+//! feature `kucofs-data`, off by default. Without it the data workloads fail
+//! on this backend with [`io::ErrorKind::Unsupported`], and `protect=` is
+//! refused rather than silently ignored. Once the API lands, the feature's
+//! gates (every `cfg(feature = "kucofs-data")` in this file) go.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -13,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use kucofs_ulib::{Config, Fs};
 
-use super::{Backend, ServerCounters};
+use super::{Backend, FileHandle, OpenOptions, ServerCounters};
 use crate::error::{Error, Result};
 
 /// KucoFS on an image of its own.
@@ -24,16 +35,113 @@ pub struct KucofsBackend {
     fs: Option<Fs>,
 }
 
-fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let (num, shift) = match t.char_indices().last()? {
-        (i, 'K' | 'k') => (&t[..i], 10),
-        (i, 'M' | 'm') => (&t[..i], 20),
-        (i, 'G' | 'g') => (&t[..i], 30),
-        (i, 'T' | 't') => (&t[..i], 40),
-        _ => (t, 0),
-    };
-    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+/// The library's protection setting, as `protect=` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protection {
+    Strict,
+    Batched,
+    Off,
+}
+
+impl Protection {
+    const ALL: [Protection; 3] = [Protection::Strict, Protection::Batched, Protection::Off];
+
+    /// The word `protect=` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Protection::Strict => "strict",
+            Protection::Batched => "batched",
+            Protection::Off => "off",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        Protection::ALL.into_iter().find(|p| p.name() == text)
+    }
+}
+
+#[cfg(feature = "kucofs-data")]
+impl From<Protection> for kucofs_ulib::Protection {
+    fn from(p: Protection) -> Self {
+        match p {
+            Protection::Strict => kucofs_ulib::Protection::Strict,
+            Protection::Batched => kucofs_ulib::Protection::Batched,
+            Protection::Off => kucofs_ulib::Protection::Off,
+        }
+    }
+}
+
+/// What a spec's options ask for.
+#[derive(Debug, Clone, PartialEq)]
+struct Options {
+    collaborative: bool,
+    direct: bool,
+    /// `None`: the library's default.
+    protection: Option<Protection>,
+    size: u64,
+    image: PathBuf,
+}
+
+impl Options {
+    /// Parses the text after `kucofs:`; an error says why it is refused.
+    fn parse(arg: &str) -> Result<Self, String> {
+        let mut options = Options {
+            collaborative: true,
+            direct: true,
+            protection: None,
+            size: 8 << 30,
+            image: PathBuf::from(format!(
+                "/dev/shm/fxbench-kucofs-{}.img",
+                std::process::id()
+            )),
+        };
+        for opt in arg.split('+').filter(|o| !o.is_empty()) {
+            match opt.split_once('=') {
+                None if opt == "nohints" => options.collaborative = false,
+                None if opt == "queued" => options.direct = false,
+                Some(("protect", v)) => {
+                    options.protection = Some(Protection::parse(v).ok_or_else(|| {
+                        format!("protect=`{v}` is not one of strict, batched, off")
+                    })?)
+                }
+                Some(("size", v)) => {
+                    options.size = crate::size::parse(v)
+                        .ok_or_else(|| format!("size `{v}` is not a size like 8G"))?
+                }
+                Some(("image", v)) => options.image = PathBuf::from(v),
+                _ => {
+                    return Err(format!(
+                        "unknown option `{opt}` (expected queued, nohints, \
+                         protect=strict|batched|off, size=SIZE or image=PATH)"
+                    ))
+                }
+            }
+        }
+        Ok(options)
+    }
+
+    /// The library configuration these options ask for.
+    fn config(&self) -> Result<Config, String> {
+        let config = Config {
+            collaborative: self.collaborative,
+            direct: self.direct,
+            ..Config::default()
+        };
+        match self.protection {
+            None => Ok(config),
+            #[cfg(feature = "kucofs-data")]
+            Some(p) => Ok(Config {
+                protection: p.into(),
+                ..config
+            }),
+            #[cfg(not(feature = "kucofs-data"))]
+            Some(p) => Err(format!(
+                "protect={} needs the library's protection setting \
+                 (build fxbench with --features kucofs-data once it has one)",
+                p.name()
+            )),
+        }
+    }
 }
 
 impl KucofsBackend {
@@ -43,35 +151,15 @@ impl KucofsBackend {
             spec: spec.to_owned(),
             why,
         };
-        let mut config = Config::default();
-        let mut size = 8u64 << 30;
-        let mut image = PathBuf::from(format!(
-            "/dev/shm/fxbench-kucofs-{}.img",
-            std::process::id()
-        ));
-        for opt in arg.split('+').filter(|o| !o.is_empty()) {
-            match opt.split_once('=') {
-                None if opt == "nohints" => config.collaborative = false,
-                None if opt == "queued" => config.direct = false,
-                Some(("size", v)) => {
-                    size = parse_size(v)
-                        .ok_or_else(|| bad(format!("size `{v}` is not a size like 8G")))?
-                }
-                Some(("image", v)) => image = PathBuf::from(v),
-                _ => {
-                    return Err(bad(format!(
-                        "unknown option `{opt}` (expected queued, nohints, size=SIZE or image=PATH)"
-                    )))
-                }
-            }
-        }
+        let options = Options::parse(arg).map_err(bad)?;
+        let config = options.config().map_err(bad)?;
+        let image = options.image;
         // A leftover image of an earlier, killed run with this name.
         let _ = std::fs::remove_file(&image);
-        let fs = Fs::create(&image, size)
+        let fs = Fs::create(&image, options.size)
             .and_then(|fs| {
-                let c = config;
                 fs.close()?;
-                Fs::open_with(&image, c)
+                Fs::open_with(&image, config)
             })
             .map_err(|e| {
                 bad(format!(
@@ -136,6 +224,28 @@ impl Backend for KucofsBackend {
         self.fs().remove_dir_all(path)
     }
 
+    #[cfg(feature = "kucofs-data")]
+    fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
+        let file = kucofs_ulib::OpenOptions::new()
+            .read(options.read)
+            .write(options.write)
+            .append(options.append)
+            .create(options.create)
+            .truncate(options.truncate)
+            .open(self.fs(), path)?;
+        Ok(Box::new(file))
+    }
+
+    #[cfg(not(feature = "kucofs-data"))]
+    fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
+        let _ = (path, options);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the kucofs backend has no file data yet \
+             (build fxbench with --features kucofs-data once the library has its File API)",
+        ))
+    }
+
     fn server_counters(&self) -> Option<ServerCounters> {
         let s = self.fs().kfs_stats()?;
         Some(ServerCounters {
@@ -146,5 +256,94 @@ impl Backend for KucofsBackend {
                 .map(|&(k, n, ns)| (format!("{k:?}"), (n, ns)))
                 .collect::<BTreeMap<_, _>>(),
         })
+    }
+}
+
+/// A KucoFS file: the library's own positioned reads and writes, which
+/// mirror `std::os::unix::fs::FileExt`.
+#[cfg(feature = "kucofs-data")]
+impl FileHandle for kucofs_ulib::File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        kucofs_ulib::File::read_at(self, buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        kucofs_ulib::File::write_at(self, buf, offset)
+    }
+
+    fn append(&self, buf: &[u8]) -> io::Result<usize> {
+        // Opened with `append`, every write goes to the end.
+        let mut file: &kucofs_ulib::File = self;
+        io::Write::write(&mut file, buf)
+    }
+
+    fn set_len(&self, size: u64) -> io::Result<()> {
+        kucofs_ulib::File::set_len(self, size)
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        kucofs_ulib::File::sync_all(self)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.metadata().map(|m| m.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_parsed_in_any_order() {
+        let o = Options::parse("protect=batched+queued+size=64M+image=/tmp/x.img+nohints").unwrap();
+        assert_eq!(
+            o,
+            Options {
+                collaborative: false,
+                direct: false,
+                protection: Some(Protection::Batched),
+                size: 64 << 20,
+                image: PathBuf::from("/tmp/x.img"),
+            }
+        );
+        let d = Options::parse("").unwrap();
+        assert!(d.collaborative && d.direct && d.protection.is_none());
+        assert_eq!(d.size, 8 << 30);
+        for p in Protection::ALL {
+            let o = Options::parse(&format!("protect={}", p.name())).unwrap();
+            assert_eq!(o.protection, Some(p));
+        }
+    }
+
+    #[test]
+    fn bad_options_are_refused_naming_what_is_accepted() {
+        let msg = Options::parse("protect=maybe").unwrap_err();
+        assert!(msg.contains("strict, batched, off"), "{msg}");
+        let msg = Options::parse("fast").unwrap_err();
+        assert!(msg.contains("unknown option `fast`"), "{msg}");
+        assert!(msg.contains("protect=strict|batched|off"), "{msg}");
+        assert!(Options::parse("size=lots").is_err());
+    }
+
+    #[cfg(not(feature = "kucofs-data"))]
+    #[test]
+    fn without_the_data_feature_files_and_protect_are_unsupported() {
+        use crate::error::chain;
+
+        let tmp = crate::testing::tempdir();
+        let arg = format!("size=16M+image={}", tmp.path().join("img").display());
+        let fs = KucofsBackend::open(&format!("kucofs:{arg}"), &arg).unwrap();
+        let err = fs
+            .open_file(Path::new("f"), OpenOptions::CREATE)
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::Unsupported);
+        assert!(err.to_string().contains("--features kucofs-data"), "{err}");
+        drop(fs);
+        assert!(!tmp.path().join("img").exists());
+
+        let arg = format!("{arg}+protect=off");
+        let msg = chain(&KucofsBackend::open("kucofs:p", &arg).unwrap_err());
+        assert!(msg.contains("--features kucofs-data"), "{msg}");
     }
 }
