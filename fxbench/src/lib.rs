@@ -6,9 +6,7 @@
 //! 4 KiB I/O (RNDRD, RNDWR) (Min et al., USENIX ATC 2016; see [`workload`])
 //! run on any [`Backend`]: a `dir:PATH` of a kernel file system, or KucoFS
 //! through its library (`kucofs`). Data goes through the
-//! [`backend::FileHandle`]s a backend opens; KucoFS's needs the library's
-//! file API, behind this crate's cargo feature `kucofs-data` until that
-//! lands. A [`suite::Plan`] runs every workload at every thread count on
+//! [`backend::FileHandle`]s a backend opens. A [`suite::Plan`] runs every workload at every thread count on
 //! every backend; the [`report`] puts them side by side, the first backend
 //! as the baseline, with the bandwidth of the data workloads. The
 //! persistence primitives are benchmarked by `cargo bench -p

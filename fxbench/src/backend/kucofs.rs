@@ -8,15 +8,6 @@
 //! path itself), `protect=strict|batched|off` (the library's
 //! `Config::protection`), `size=SIZE` (the image's size, default 8G; the
 //! file is sparse), `image=PATH` (where to make it).
-//!
-//! # File data
-//!
-//! The library's file API (`kucofs_ulib::File`, `OpenOptions`, `Protection`)
-//! is not there yet, so the code that uses it is behind fxbench's cargo
-//! feature `kucofs-data`, off by default. Without it the data workloads fail
-//! on this backend with [`io::ErrorKind::Unsupported`], and `protect=` is
-//! refused rather than silently ignored. Once the API lands, the feature's
-//! gates (every `cfg(feature = "kucofs-data")` in this file) go.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -60,7 +51,6 @@ impl Protection {
     }
 }
 
-#[cfg(feature = "kucofs-data")]
 impl From<Protection> for kucofs_ulib::Protection {
     fn from(p: Protection) -> Self {
         match p {
@@ -129,17 +119,10 @@ impl Options {
         };
         match self.protection {
             None => Ok(config),
-            #[cfg(feature = "kucofs-data")]
-            Some(p) => Ok(Config {
+                        Some(p) => Ok(Config {
                 protection: p.into(),
                 ..config
             }),
-            #[cfg(not(feature = "kucofs-data"))]
-            Some(p) => Err(format!(
-                "protect={} needs the library's protection setting \
-                 (build fxbench with --features kucofs-data once it has one)",
-                p.name()
-            )),
         }
     }
 }
@@ -224,8 +207,7 @@ impl Backend for KucofsBackend {
         self.fs().remove_dir_all(path)
     }
 
-    #[cfg(feature = "kucofs-data")]
-    fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
+        fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
         let file = kucofs_ulib::OpenOptions::new()
             .read(options.read)
             .write(options.write)
@@ -234,16 +216,6 @@ impl Backend for KucofsBackend {
             .truncate(options.truncate)
             .open(self.fs(), path)?;
         Ok(Box::new(file))
-    }
-
-    #[cfg(not(feature = "kucofs-data"))]
-    fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
-        let _ = (path, options);
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "the kucofs backend has no file data yet \
-             (build fxbench with --features kucofs-data once the library has its File API)",
-        ))
     }
 
     fn server_counters(&self) -> Option<ServerCounters> {
@@ -261,7 +233,6 @@ impl Backend for KucofsBackend {
 
 /// A KucoFS file: the library's own positioned reads and writes, which
 /// mirror `std::os::unix::fs::FileExt`.
-#[cfg(feature = "kucofs-data")]
 impl FileHandle for kucofs_ulib::File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         kucofs_ulib::File::read_at(self, buf, offset)
@@ -326,24 +297,26 @@ mod tests {
         assert!(Options::parse("size=lots").is_err());
     }
 
-    #[cfg(not(feature = "kucofs-data"))]
     #[test]
-    fn without_the_data_feature_files_and_protect_are_unsupported() {
-        use crate::error::chain;
-
+    fn files_are_written_and_read_back_with_each_protection() {
         let tmp = crate::testing::tempdir();
-        let arg = format!("size=16M+image={}", tmp.path().join("img").display());
-        let fs = KucofsBackend::open(&format!("kucofs:{arg}"), &arg).unwrap();
-        let err = fs
-            .open_file(Path::new("f"), OpenOptions::CREATE)
-            .unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::Unsupported);
-        assert!(err.to_string().contains("--features kucofs-data"), "{err}");
-        drop(fs);
-        assert!(!tmp.path().join("img").exists());
-
-        let arg = format!("{arg}+protect=off");
-        let msg = chain(&KucofsBackend::open("kucofs:p", &arg).unwrap_err());
-        assert!(msg.contains("--features kucofs-data"), "{msg}");
+        for p in Protection::ALL {
+            let arg = format!(
+                "size=16M+image={}+protect={}",
+                tmp.path().join("img").display(),
+                p.name()
+            );
+            let fs = KucofsBackend::open(&format!("kucofs:{arg}"), &arg).unwrap();
+            let f = fs.open_file(Path::new("f"), OpenOptions::CREATE).unwrap();
+            assert_eq!(f.write_at(&[7u8; 5000], 3).unwrap(), 5000);
+            let mut buf = [0u8; 5003];
+            assert_eq!(f.read_at(&mut buf, 0).unwrap(), 5003);
+            assert_eq!(&buf[..3], &[0, 0, 0]);
+            assert!(buf[3..].iter().all(|&b| b == 7));
+            assert_eq!(f.len().unwrap(), 5003);
+            drop(f);
+            drop(fs);
+            assert!(!tmp.path().join("img").exists());
+        }
     }
 }
