@@ -1,12 +1,13 @@
 //! A tour of KucoFS from a Rust program: make a file system under
-//! `/dev/shm`, build a small tree, list it, rename and link things, then
-//! close, reopen, and simulate a crash — the tree survives both.
+//! `/dev/shm`, build a small tree, write and read files, list it, rename
+//! and link things, then close, reopen, and simulate a crash — the tree and
+//! the data survive both.
 //!
 //! Run: `cargo run --release --example demo`.
 
-use std::io;
+use std::io::{self, Read, Seek, SeekFrom, Write};
 
-use kucofs::{Fs, Permissions};
+use kucofs::{File, Fs, OpenOptions, Permissions};
 
 fn show(fs: &Fs, dir: &str, depth: usize) -> io::Result<()> {
     let mut entries: Vec<_> = fs.read_dir(dir)?.collect::<io::Result<_>>()?;
@@ -20,7 +21,7 @@ fn show(fs: &Fs, dir: &str, depth: usize) -> io::Result<()> {
         } else if meta.is_symlink() {
             format!("symlink -> {}", fs.read_link(&path)?.display())
         } else {
-            format!("file, {} links", meta.nlink())
+            format!("file, {} bytes, {} links", meta.len(), meta.nlink())
         };
         println!(
             "{:indent$}{name}  ({what}, mode {:o})",
@@ -46,9 +47,26 @@ fn main() -> io::Result<()> {
     let fs = Fs::create(&image, 64 << 20)?;
 
     fs.create_dir_all("projects/kucofs/src")?;
-    fs.create_file("projects/kucofs/README")?;
-    fs.create_file("projects/kucofs/src/main.rs")?;
-    fs.create_file("projects/notes")?;
+    fs.write(
+        "projects/kucofs/README",
+        "KucoFS: a user-space PM file system\n",
+    )?;
+    fs.write(
+        "projects/kucofs/src/main.rs",
+        "fn main() {\n    println!(\"hello\");\n}\n",
+    )?;
+    // A file written through a handle: a write far past the end leaves a
+    // hole that reads as zeros; an append goes to the end.
+    let mut notes = File::create(&fs, "projects/notes")?;
+    notes.write_all(b"first line\n")?;
+    notes.write_at(b"far away", 1 << 20)?;
+    notes.set_len(11)?;
+    drop(notes);
+    let mut log = OpenOptions::new()
+        .append(true)
+        .open(&fs, "projects/notes")?;
+    log.write_all(b"appended line\n")?;
+    drop(log);
     fs.hard_link("projects/notes", "projects/notes.bak")?;
     fs.symlink("kucofs/src", "projects/code")?;
     fs.rename("projects/notes", "projects/todo")?;
@@ -59,6 +77,16 @@ fn main() -> io::Result<()> {
     println!(
         "through the symlink: {:?}",
         fs.metadata("projects/code/main.rs")?.file_type()
+    );
+
+    let mut f = File::open(&fs, "projects/code/main.rs")?;
+    f.seek(SeekFrom::Start(3))?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    println!("projects/code/main.rs from byte 3: {text:?}");
+    println!(
+        "projects/notes.bak: {:?}",
+        String::from_utf8_lossy(&fs.read("projects/notes.bak")?)
     );
 
     println!("\nthe tree:");
@@ -73,12 +101,20 @@ fn main() -> io::Result<()> {
     let fs = Fs::open(&image)?;
     println!("\nafter close and reopen:");
     show(&fs, "/", 1)?;
+    println!(
+        "projects/kucofs/README: {:?}",
+        String::from_utf8_lossy(&fs.read("projects/kucofs/README")?)
+    );
 
-    fs.create_file("projects/written-just-before-the-crash")?;
+    fs.write("projects/written-just-before-the-crash", "still here")?;
     fs.simulate_crash();
     let fs = Fs::open(&image)?;
     println!("\nafter a crash and recovery (the log replayed):");
     show(&fs, "/projects", 1)?;
+    println!(
+        "projects/written-just-before-the-crash: {:?}",
+        String::from_utf8_lossy(&fs.read("projects/written-just-before-the-crash")?)
+    );
     fs.close()?;
     std::fs::remove_file(&image)?;
     Ok(())

@@ -41,7 +41,10 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
     kfs.attach(Client {
         segment: seg.map_again().unwrap(),
         creds: Creds::default(),
-    });
+        protector: None,
+        protection: Default::default(),
+    })
+    .unwrap();
     let call = |slot: usize, req: &Request<'_>| seg.call(slot, &bell, req).and_then(|r| r.result());
     let r = IndexReader::new(&index);
 

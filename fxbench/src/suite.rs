@@ -323,9 +323,11 @@ mod tests {
         let fs = crate::backend::KucofsBackend::open("kucofs:t", &arg).unwrap();
         let params = Params {
             file_size: 64 << 10,
-            ..Params::default()
         };
-        for w in Workload::ALL.into_iter().filter(|w| w.bytes_per_op().is_some()) {
+        for w in Workload::ALL
+            .into_iter()
+            .filter(|w| w.bytes_per_op().is_some())
+        {
             let m = run_one(&fs, w, 2, Budget::Count(40), &params).unwrap();
             assert_eq!(m.ops, 80, "{m:?}");
         }

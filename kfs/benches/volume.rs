@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kucofs_common::proto::{Creds, Hint, Request};
+use kucofs_common::proto::{Hint, Request};
 use kucofs_kfs::Volume;
 
 fn volume() -> (tempfile::TempDir, Volume) {
@@ -28,7 +28,7 @@ fn volume() -> (tempfile::TempDir, Volume) {
             target: b"",
             hint: None,
         },
-        Creds::default(),
+        kucofs_kfs::Caller::default(),
     );
     assert_eq!(r.errno, 0);
     (dir, v)
@@ -68,7 +68,7 @@ fn create(c: &mut Criterion) {
                         hint: h,
                     };
                     let t0 = Instant::now();
-                    black_box(v.handle(&req, Creds::default()));
+                    black_box(v.handle(&req, kucofs_kfs::Caller::default()));
                     total += t0.elapsed();
                 }
                 total
@@ -77,7 +77,7 @@ fn create(c: &mut Criterion) {
     }
     let (_dir, mut v) = volume();
     g.bench_function("ping", |b| {
-        b.iter(|| black_box(v.handle(&Request::Ping, Creds::default())))
+        b.iter(|| black_box(v.handle(&Request::Ping, kucofs_kfs::Caller::default())))
     });
     g.finish();
 }

@@ -65,9 +65,7 @@ pub fn serialize(ns: &Namespace) -> Body {
             if a.kind() == Some(kucofs_common::index::Kind::File) {
                 let mut runs: Vec<(u64, u64, u32)> = Vec::new();
                 ns.file_pages(a.offset, |fp, dp| match runs.last_mut() {
-                    Some(r) if r.0 + u64::from(r.2) == fp && r.1 + u64::from(r.2) == dp => {
-                        r.2 += 1
-                    }
+                    Some(r) if r.0 + u64::from(r.2) == fp && r.1 + u64::from(r.2) == dp => r.2 += 1,
                     _ => runs.push((fp, dp, 1)),
                 });
                 if !runs.is_empty() {
@@ -223,9 +221,8 @@ pub fn load(body: &[u8]) -> Result<Namespace, String> {
                     ));
                 };
                 for _ in 0..runs {
-                    let mut run = || -> Result<(u64, u64, u32), Errno> {
-                        Ok((r.u64()?, r.u64()?, r.u32()?))
-                    };
+                    let mut run =
+                        || -> Result<(u64, u64, u32), Errno> { Ok((r.u64()?, r.u64()?, r.u32()?)) };
                     let (fp, dp, len) = run().map_err(|e| bad("pages", e))?;
                     if dp.checked_add(u64::from(len)).is_none()
                         || fp.checked_add(u64::from(len)).is_none()
@@ -237,9 +234,8 @@ pub fn load(body: &[u8]) -> Result<Namespace, String> {
                     while done < u64::from(len) {
                         let k = (u64::from(len) - done).min(256);
                         let pages: Vec<u64> = (dp + done..dp + done + k).collect();
-                        ns.load_pages(inode, fp + done, &pages, &a).map_err(|e| {
-                            format!("checkpoint record {n}: pages of {ino}: {e:?}")
-                        })?;
+                        ns.load_pages(inode, fp + done, &pages, &a)
+                            .map_err(|e| format!("checkpoint record {n}: pages of {ino}: {e:?}"))?;
                         done += k;
                     }
                 }

@@ -456,7 +456,13 @@ mod tests {
                     for (start, len) in runs {
                         extents.push(start * 1024, len);
                     }
-                    Record::Write { ino, first, extents, size, time }
+                    Record::Write {
+                        ino,
+                        first,
+                        extents,
+                        size,
+                        time,
+                    }
                 }),
             (any::<u64>(), any::<u64>(), any::<i64>())
                 .prop_map(|(ino, size, time)| Record::Truncate { ino, size, time }),

@@ -26,8 +26,8 @@ use parking_lot::Mutex;
 
 use crate::provision::Provisioner;
 use crate::volume::{Caller, Readers, Volume};
-use kucofs_common::pm::{Protection, Protector};
 use crate::{Error, Result};
+use kucofs_common::pm::{Protection, Protector};
 
 /// How the Kfs thread polls.
 #[derive(Debug, Clone, Copy)]

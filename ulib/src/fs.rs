@@ -233,7 +233,9 @@ impl Inner {
                     Err(e) => {
                         // Give back what this request took, for the next.
                         if let Some(first) = out.as_slice().first() {
-                            if out.as_slice().len() == 1 && first.start + u64::from(first.len) == pool.0 {
+                            if out.as_slice().len() == 1
+                                && first.start + u64::from(first.len) == pool.0
+                            {
                                 pool.0 = first.start;
                             }
                         }

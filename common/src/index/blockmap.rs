@@ -316,7 +316,13 @@ mod tests {
         let mut copy = Model(m.0.clone());
         let mut out = vec![(0..16).map(|p| copy.entry(p)).collect()];
         let v = next_version(&copy, last, first, pages.len() as u64);
-        publish(&mut Rec(&mut copy, &mut out), first, pages, v, &mut Vec::new());
+        publish(
+            &mut Rec(&mut copy, &mut out),
+            first,
+            pages,
+            v,
+            &mut Vec::new(),
+        );
         out
     }
 
@@ -342,10 +348,7 @@ mod tests {
                 let window = &s[first.saturating_sub(1) as usize..(first + n + 1) as usize];
                 let new: Vec<u64> = s.iter().map(|e| entry_page(*e)).collect();
                 let whole = runs_are_whole(window);
-                let is_old = new
-                    .iter()
-                    .zip(before)
-                    .all(|(a, b)| *a == entry_page(*b));
+                let is_old = new.iter().zip(before).all(|(a, b)| *a == entry_page(*b));
                 let is_new = new.iter().zip(after).all(|(a, b)| *a == entry_page(*b));
                 assert!(!whole || is_old || is_new, "torn state accepted: {s:x?}");
             }

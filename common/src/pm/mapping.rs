@@ -185,10 +185,16 @@ impl Mapping {
     /// Changes the protection of the whole pages `[offset, offset + len)`
     /// (page-aligned) to read-write or read-only.
     pub(super) fn protect(&self, offset: u64, len: u64, writable: bool) -> Result<()> {
-        let n = usize::try_from(len).map_err(|_| Error::Misaligned { offset, align: 4096 })?;
+        let n = usize::try_from(len).map_err(|_| Error::Misaligned {
+            offset,
+            align: 4096,
+        })?;
         let start = self.check(offset, n)?;
         if start % 4096 != 0 || n % 4096 != 0 {
-            return Err(Error::Misaligned { offset, align: 4096 });
+            return Err(Error::Misaligned {
+                offset,
+                align: 4096,
+            });
         }
         if n == 0 {
             return Ok(());

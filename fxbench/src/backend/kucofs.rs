@@ -119,7 +119,7 @@ impl Options {
         };
         match self.protection {
             None => Ok(config),
-                        Some(p) => Ok(Config {
+            Some(p) => Ok(Config {
                 protection: p.into(),
                 ..config
             }),
@@ -207,7 +207,7 @@ impl Backend for KucofsBackend {
         self.fs().remove_dir_all(path)
     }
 
-        fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
+    fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
         let file = kucofs_ulib::OpenOptions::new()
             .read(options.read)
             .write(options.write)

@@ -223,7 +223,9 @@ impl Namespace {
         // may be damaged: one that does not fit an entry is refused, not
         // truncated into another page's number.
         if pages.iter().any(|&p| p > blockmap::E_PAGE)
-            || first.checked_add(n).is_none_or(|e| e > blockmap::MAX_FILE_PAGES)
+            || first
+                .checked_add(n)
+                .is_none_or(|e| e > blockmap::MAX_FILE_PAGES)
             || size > blockmap::MAX_FILE_SIZE
         {
             return Err(Errno::EINVAL);
@@ -330,7 +332,10 @@ impl Namespace {
         pages: &[u64],
         a: &kucofs_common::index::InodeAttr,
     ) -> Result<(), Errno> {
-        if first.checked_add(pages.len() as u64).is_none_or(|e| e > blockmap::MAX_FILE_PAGES) {
+        if first
+            .checked_add(pages.len() as u64)
+            .is_none_or(|e| e > blockmap::MAX_FILE_PAGES)
+        {
             return Err(Errno::EFBIG);
         }
         self.write_pages(inode, first, pages, a.size, a.mtime)?;

@@ -6,7 +6,11 @@ use parking_lot::Mutex;
 
 use super::*;
 
-const ME: Creds = Creds { uid: 0, gid: 0 };
+const ME: Caller = Caller {
+    client: 0,
+    slot: 0,
+    creds: Creds { uid: 0, gid: 0 },
+};
 
 fn shm_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
