@@ -135,13 +135,15 @@ impl ServerCounters {
     /// What happened between `before` and `self`.
     pub fn since(&self, before: &ServerCounters) -> ServerCounters {
         ServerCounters {
-            busy_ns: self.busy_ns - before.busy_ns,
+            busy_ns: self.busy_ns.saturating_sub(before.busy_ns),
             per_op: self
                 .per_op
                 .iter()
                 .map(|(k, &(n, ns))| {
                     let (n0, ns0) = before.per_op.get(k).copied().unwrap_or_default();
-                    (k.clone(), (n - n0, ns - ns0))
+                    // The service times are estimates from samples and
+                    // need not grow in step with the counts.
+                    (k.clone(), (n.saturating_sub(n0), ns.saturating_sub(ns0)))
                 })
                 .filter(|(_, (n, _))| *n > 0)
                 .collect(),

@@ -307,14 +307,15 @@ mod tests {
                 p.name()
             );
             let fs = KucofsBackend::open(&format!("kucofs:{arg}"), &arg).unwrap();
-            let f = fs.open_file(Path::new("f"), OpenOptions::CREATE).unwrap();
-            assert_eq!(f.write_at(&[7u8; 5000], 3).unwrap(), 5000);
+            let w = fs.open_file(Path::new("f"), OpenOptions::CREATE).unwrap();
+            assert_eq!(w.write_at(&[7u8; 5000], 3).unwrap(), 5000);
+            let f = fs.open_file(Path::new("f"), OpenOptions::READ).unwrap();
             let mut buf = [0u8; 5003];
             assert_eq!(f.read_at(&mut buf, 0).unwrap(), 5003);
             assert_eq!(&buf[..3], &[0, 0, 0]);
             assert!(buf[3..].iter().all(|&b| b == 7));
             assert_eq!(f.len().unwrap(), 5003);
-            drop(f);
+            drop((w, f));
             drop(fs);
             assert!(!tmp.path().join("img").exists());
         }
