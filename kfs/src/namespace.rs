@@ -82,6 +82,8 @@ pub struct Namespace {
     hints: HintStats,
     /// Data pages replaced or dropped since Kfs last collected them.
     replaced: Vec<u64>,
+    /// A commit's replaced entries (kept to save an allocation each).
+    scratch: Vec<u64>,
     /// Open counts of files some client has open: an unlinked file stays
     /// until its last close.
     open: std::collections::HashMap<u64, u32>,
@@ -108,6 +110,7 @@ impl Namespace {
             ordered_inos: Vec::new(),
             hints: HintStats::default(),
             replaced: Vec::new(),
+            scratch: Vec::new(),
             open: std::collections::HashMap::new(),
         };
         let root_inode = ns.new_inode(

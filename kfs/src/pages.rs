@@ -118,6 +118,11 @@ impl Pages {
         self.state.iter().filter(|&&s| s == USED).count() as u64
     }
 
+    /// The first data page.
+    pub fn first_page(&self) -> u64 {
+        self.first
+    }
+
     /// Data pages in all.
     pub fn total_pages(&self) -> u64 {
         self.end - self.first

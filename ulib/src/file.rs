@@ -224,7 +224,17 @@ impl File {
         self.fs.with_index(|r| {
             let mem = r.mem();
             let mut done = 0usize;
-            let mut entries = [0u64; READ_CHUNK as usize];
+            // Most reads are a few pages: no allocation (nor a large clear)
+            // for those.
+            let mut small = [0u64; 16];
+            let mut big = Vec::new();
+            let pages = (buf.len() as u64).div_ceil(PAGE) + 1;
+            let entries: &mut [u64] = if pages <= small.len() as u64 {
+                &mut small
+            } else {
+                big.resize(pages.min(READ_CHUNK) as usize, 0);
+                &mut big
+            };
             while done < buf.len() {
                 let at = offset + done as u64;
                 // One chunk: the pages of up to READ_CHUNK, copied from one
@@ -237,7 +247,7 @@ impl File {
                     let first = at / PAGE;
                     let end = (at + (buf.len() - done) as u64)
                         .min(size)
-                        .min((first + READ_CHUNK) * PAGE);
+                        .min((first + entries.len() as u64) * PAGE);
                     let n = (end - 1) / PAGE - first + 1;
                     let map = MapReader::of_inode(mem, self.inode);
                     let snap = &mut entries[..n as usize];

@@ -340,14 +340,16 @@ pub struct Protector {
 
 impl Protector {
     /// Makes `pages` pages from region page `first` writable (`true`) or
-    /// read-only; writable pages are also faulted in.
+    /// read-only.
     pub fn set(&self, first: u64, pages: u64, writable: bool) -> Result<()> {
-        let (off, len) = (first * 4096, pages * 4096);
-        self.map.protect(off, len, writable)?;
-        if writable {
-            self.map.populate_write(off, len);
-        }
-        Ok(())
+        self.map.protect(first * 4096, pages * 4096, writable)
+    }
+
+    /// Faults in `pages` writable pages from region page `first` in one
+    /// call, so that the client's first stores to them do not fault one
+    /// page at a time.
+    pub fn populate(&self, first: u64, pages: u64) {
+        self.map.populate_write(first * 4096, pages * 4096);
     }
 }
 

@@ -208,6 +208,11 @@ impl Namespace {
         std::mem::take(&mut self.replaced)
     }
 
+    /// Hands each replaced or dropped page to `f`, keeping the buffer.
+    pub fn drain_replaced(&mut self, f: impl FnMut(u64)) {
+        self.replaced.drain(..).for_each(f);
+    }
+
     /// Makes file pages `first..` live in `pages` (0: a hole) and sets the
     /// size to `size`. The replaced pages go to [`Namespace::take_replaced`].
     pub fn write_pages(
@@ -249,16 +254,18 @@ impl Namespace {
             word,
         };
         let version = blockmap::next_version(&w, last_version, first, n);
-        let mut replaced = Vec::with_capacity(pages.len());
+        let mut replaced = std::mem::take(&mut self.scratch);
+        replaced.clear();
         blockmap::publish(&mut w, first, pages, version, &mut replaced);
         let added = pages.iter().filter(|&&p| p != 0).count() as u64;
         let mut dropped = 0;
-        for e in replaced {
+        for &e in &replaced {
             if e != 0 {
                 dropped += 1;
                 self.replaced.push(entry_page(e));
             }
         }
+        self.scratch = replaced;
         let blocks = self.arena.get(inode + I_BLOCKS) + added - dropped;
         self.update(inode, |a| {
             a.put(inode + I_VERSION, version)?;

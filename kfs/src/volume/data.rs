@@ -45,6 +45,9 @@ pub(crate) struct ClientData {
     opens: HashMap<u64, (u32, u32)>,
     /// Committed pages still writable, per slot (batched protection).
     pending: HashMap<u32, Pending>,
+    /// Data pages (index: page - first data page) already faulted into the
+    /// client's view; the others are faulted in when granted.
+    mapped: Vec<bool>,
 }
 
 #[derive(Debug)]
@@ -268,11 +271,32 @@ impl Volume {
                 self.pages.grant(h, want)?
             }
         };
+        let base = self.pages.first_page();
+        let total = self.pages.total_pages() as usize;
         let c = self.client(caller)?;
         if let Some(p) = &c.protector {
             if p.set(start, n, true).is_err() {
                 self.pages.release(h);
                 return Err(Errno::EIO);
+            }
+            // Fault in, in runs, the pages this view never had.
+            if c.mapped.len() != total {
+                c.mapped = vec![false; total];
+            }
+            let mut run: Option<u64> = None;
+            for q in start..=start + n {
+                let fresh = q < start + n && !c.mapped[(q - base) as usize];
+                match (fresh, run) {
+                    (true, None) => run = Some(q),
+                    (false, Some(r)) => {
+                        p.populate(r, q - r);
+                        run = None;
+                    }
+                    _ => {}
+                }
+                if fresh {
+                    c.mapped[(q - base) as usize] = true;
+                }
             }
         }
         Ok(Reply {
@@ -320,8 +344,20 @@ impl Volume {
         }
         let inode = self.leased(ino, caller)?;
         let h = holder(caller);
-        let pages: Vec<u64> = extents.iter_pages().collect();
-        self.pages.take(h, &pages)?;
+        // Most commits are a few pages: no allocation for those.
+        let mut small = [0u64; 16];
+        let mut big = Vec::new();
+        let pages: &mut [u64] = if n as usize <= small.len() {
+            &mut small[..n as usize]
+        } else {
+            big.resize(n as usize, 0);
+            &mut big
+        };
+        for (slot, p) in pages.iter_mut().zip(extents.iter_pages()) {
+            *slot = p;
+        }
+        let pages = &*pages;
+        self.pages.take(h, pages)?;
         let old_size = self.ns.shm_u64(inode + I_SIZE);
         let new_size = old_size.max(size);
         if new_size > old_size {
@@ -336,10 +372,10 @@ impl Volume {
             time,
         };
         if let Err(e) = self.log_record(&rec) {
-            self.pages.untake(h, &pages);
+            self.pages.untake(h, pages);
             return Err(e);
         }
-        self.ns.write_pages(inode, first, &pages, new_size, time)?;
+        self.ns.write_pages(inode, first, pages, new_size, time)?;
         self.retire_replaced();
         self.after_commit(caller, extents);
         self.maybe_checkpoint();
@@ -382,9 +418,8 @@ impl Volume {
     /// grace period.
     pub(super) fn retire_replaced(&mut self) {
         let epoch = self.ns.epoch();
-        for p in self.ns.take_replaced() {
-            self.pages.retire(p, epoch);
-        }
+        let pages = &mut self.pages;
+        self.ns.drain_replaced(|p| pages.retire(p, epoch));
     }
 
     /// Makes committed pages read-only again as the client's protection
