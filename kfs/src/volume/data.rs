@@ -274,6 +274,14 @@ impl Volume {
         let base = self.pages.first_page();
         let total = self.pages.total_pages() as usize;
         let c = self.client(caller)?;
+        // Committed pages still waiting to become read-only may since have
+        // been replaced, freed and granted again (to this pool or another
+        // slot's): flip them now, before the grant makes pages writable, so
+        // that no late flip takes a page from a pool.
+        let slots: Vec<u32> = c.pending.keys().copied().collect();
+        for slot in slots {
+            flush_pending(c, slot);
+        }
         if let Some(p) = &c.protector {
             if p.set(start, n, true).is_err() {
                 self.pages.release(h);
