@@ -27,6 +27,8 @@ use crate::record::Record;
 
 /// Largest pool one grant hands out (16 MiB).
 pub const POOL_MAX: u32 = 4096;
+/// Reclamation rounds a grant waits for replaced pages before `ENOSPC`.
+const GRANT_TRIES: u32 = 10_000;
 
 /// A file's write lease: the one client that may commit to it, and how
 /// many of its opens write.
@@ -262,13 +264,21 @@ impl Volume {
         self.client(caller)?;
         let want = u64::from(pages.clamp(1, POOL_MAX));
         let h = holder(caller);
-        let (start, n) = match self.pages.grant(h, want) {
-            Ok(g) => g,
-            Err(_) => {
-                // Pages replaced a moment ago may be free once the readers
-                // move on.
-                self.reclaim_now();
-                self.pages.grant(h, want)?
+        // Pages replaced a moment ago become free once the readers still
+        // in their epoch move on (readers take no lock, so waiting here
+        // holds none of them up).
+        let mut tries = 0;
+        let (start, n) = loop {
+            match self.pages.grant(h, want) {
+                Ok(g) => break g,
+                Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES => return Err(e),
+                Err(_) => {
+                    if tries > 0 {
+                        std::thread::yield_now();
+                    }
+                    self.reclaim_now();
+                    tries += 1;
+                }
             }
         };
         let base = self.pages.first_page();
