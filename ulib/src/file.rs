@@ -387,6 +387,20 @@ impl File {
         Ok(())
     }
 
+    /// The address, in this process, of the start of the region page that
+    /// holds file byte `offset` in this handle's read-only view; `None` for
+    /// a hole. Only for tests that play a buggy application's stray store
+    /// (DESIGN §11): this crate never dereferences it, and a store through
+    /// it must fault outside the protection mode's writable window.
+    #[doc(hidden)]
+    pub fn debug_page_address(&self, offset: u64) -> io::Result<Option<usize>> {
+        let base = self.fs.region.address();
+        self.fs.with_index(|r| {
+            let e = MapReader::of_inode(r.mem(), self.inode).entry(offset / PAGE);
+            (e != 0).then(|| base + (entry_page(e) * PAGE) as usize)
+        })
+    }
+
     /// Sets the file's length: cut, or extended with zeros.
     pub fn set_len(&self, size: u64) -> io::Result<()> {
         if !self.write {

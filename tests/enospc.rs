@@ -1,0 +1,178 @@
+//! A full file system: a write that finds no free page fails cleanly with
+//! `ENOSPC` and leaves every file as it was; removing a file makes room
+//! again (Kfs reclaims the freed pages when a grant would fail); and the
+//! image survives a clean reopen and a crash, fsck-clean.
+
+use std::io::{self, Write};
+use std::path::Path;
+
+use kucofs::{File, Fs, OpenOptions};
+use kucofs_common::format::Geometry;
+
+/// A small image: 2 MiB, a few hundred data pages.
+const IMAGE_SIZE: u64 = 2 << 20;
+const CHUNK: usize = 64 << 10;
+
+fn shm_dir() -> Option<tempfile::TempDir> {
+    if !Path::new("/dev/shm").is_dir() {
+        println!("SKIPPED: /dev/shm does not exist; these tests keep their images there");
+        return None;
+    }
+    Some(
+        tempfile::Builder::new()
+            .prefix("kucofs-enospc-")
+            .tempdir_in("/dev/shm")
+            .expect("a temporary directory under /dev/shm"),
+    )
+}
+
+/// Bytes that depend on their file offset and on `tag`, so that a page
+/// that lands in the wrong place, or in the wrong file, shows.
+fn pattern(tag: u8, at: u64, len: usize) -> Vec<u8> {
+    (at..at + len as u64)
+        .map(|p| (p as u8) ^ ((p >> 12) as u8).wrapping_mul(29) ^ tag)
+        .collect()
+}
+
+fn is_enospc(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOSPC)
+}
+
+/// Writes `tag`'s pattern to `f` in 64 KiB chunks from `at` until the file
+/// system is full; returns the bytes written. Every failure must be
+/// `ENOSPC`, and a chunk may be cut short only by a full file system.
+fn fill(f: &File, tag: u8, at: u64) -> u64 {
+    let mut written = 0u64;
+    loop {
+        let off = at + written;
+        match f.write_at(&pattern(tag, off, CHUNK), off) {
+            Ok(n) if n == CHUNK => written += n as u64,
+            Ok(n) => {
+                // Cut short by a full file system: the next write must say so.
+                written += n as u64;
+                let e = f
+                    .write_at(&pattern(tag, at + written, CHUNK), at + written)
+                    .expect_err("a write after a short one on a full file system");
+                assert!(is_enospc(&e), "a write to a full file system: {e}");
+                return written;
+            }
+            Err(e) => {
+                assert!(is_enospc(&e), "a write to a full file system: {e}");
+                return written;
+            }
+        }
+        assert!(
+            written <= IMAGE_SIZE,
+            "wrote {written} bytes into a {IMAGE_SIZE}-byte image"
+        );
+    }
+}
+
+fn assert_contents(fs: &Fs, path: &str, tag: u8, len: u64) {
+    let got = fs.read(path).expect("read a file back");
+    assert_eq!(got.len() as u64, len, "length of {path}");
+    assert!(
+        got == pattern(tag, 0, len as usize),
+        "the contents of {path} changed"
+    );
+}
+
+#[test]
+fn a_full_file_system_refuses_writes_cleanly_and_recovers_room() {
+    let Some(dir) = shm_dir() else { return };
+    let g = Geometry::for_size(IMAGE_SIZE).expect("the test's image size is valid");
+    assert!(
+        g.data.pages * 4096 >= 8 * CHUNK as u64,
+        "a {IMAGE_SIZE}-byte image has only {} data pages",
+        g.data.pages
+    );
+    let image = dir.path().join("img");
+    let fs = Fs::create(&image, IMAGE_SIZE).expect("mkfs and open");
+
+    let keep_len = 3 * 4096 + 100;
+    fs.write("keep", pattern(1, 0, keep_len)).unwrap();
+    let keep_len = keep_len as u64;
+
+    let f = File::create_new(&fs, "fill").unwrap();
+    let filled = fill(&f, 2, 0);
+    assert!(
+        filled >= (g.data.pages * 4096) / 2,
+        "only {filled} bytes fit in {} data pages",
+        g.data.pages
+    );
+    assert_eq!(f.metadata().unwrap().len(), filled);
+    assert_contents(&fs, "fill", 2, filled);
+    assert_contents(&fs, "keep", 1, keep_len);
+
+    // Every kind of write that needs more pages than are left (fewer than
+    // a chunk's) fails the same way, and changes nothing.
+    let e = f
+        .write_at(&[0xee; CHUNK], 0)
+        .expect_err("an overwrite needs fresh pages");
+    assert!(is_enospc(&e), "overwrite on a full file system: {e}");
+    let mut a = OpenOptions::new().append(true).open(&fs, "keep").unwrap();
+    let e = a
+        .write_all(&[0xee; CHUNK])
+        .expect_err("an append needs pages");
+    assert!(is_enospc(&e), "append on a full file system: {e}");
+    let e = fs
+        .write("new", vec![0xee; CHUNK])
+        .expect_err("a new file needs pages");
+    assert!(is_enospc(&e), "fs.write on a full file system: {e}");
+    drop(a);
+    assert_contents(&fs, "keep", 1, keep_len);
+    assert_contents(&fs, "fill", 2, filled);
+    assert_eq!(fs.metadata("new").unwrap().len(), 0);
+
+    // Removing the big file makes room: its pages come back once no reader
+    // can still see them.
+    drop(f);
+    fs.remove_file("fill").unwrap();
+    let k = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fs, "keep")
+        .unwrap();
+    k.write_at(&pattern(1, 0, 4096), 0)
+        .expect("an overwrite after a file was removed");
+    let mut a = OpenOptions::new().append(true).open(&fs, "keep").unwrap();
+    a.write_all(&pattern(1, keep_len, CHUNK))
+        .expect("an append after a file was removed");
+    drop((a, k));
+    let keep_len = keep_len + CHUNK as u64;
+    assert_contents(&fs, "keep", 1, keep_len);
+
+    // The room is all there: a second fill gets about as far as the first.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fs, "new")
+        .unwrap();
+    f.set_len(0).unwrap();
+    let refilled = fill(&f, 3, 0);
+    assert!(
+        refilled + 2 * CHUNK as u64 >= filled,
+        "after removing {filled} bytes only {refilled} fit again"
+    );
+    drop(f);
+    assert_contents(&fs, "new", 3, refilled);
+
+    fs.close().expect("close a full file system");
+    let fs = Fs::open(&image).expect("reopen a full file system");
+    assert_contents(&fs, "keep", 1, keep_len);
+    assert_contents(&fs, "new", 3, refilled);
+    assert!(!fs.exists("fill"));
+    // Still full after the reopen; then a crash with the failure behind it.
+    let e = fs.write("more", [7u8; CHUNK]).expect_err("still full");
+    assert!(is_enospc(&e), "a write after a reopen: {e}");
+    fs.remove_file("new").unwrap();
+    fs.write("more", pattern(4, 0, CHUNK)).expect("room again");
+    fs.simulate_crash();
+    let fs = Fs::open(&image).expect("recover a full file system");
+    assert_contents(&fs, "keep", 1, keep_len);
+    assert_contents(&fs, "more", 4, CHUNK as u64);
+    assert!(!fs.exists("new"));
+    fs.close().unwrap();
+    let report = kucofs_kfs::fsck(&image).expect("fsck runs");
+    assert!(report.problems.is_empty(), "{report}");
+}

@@ -1,0 +1,194 @@
+//! A buggy application's stray store into file data (DESIGN §11): data
+//! pages are mapped read-only into the client, so the store faults and the
+//! process dies of `SIGSEGV` instead of corrupting a file. The store runs
+//! in a child process (this test binary again, running one of the `child_`
+//! tests); the parent then recovers the image and checks that the file is
+//! unchanged and the image fsck-clean.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kucofs::{Config, File, Fs, Protection};
+
+/// Names the image a child works on; without it a `child_` test does nothing.
+const IMAGE_VAR: &str = "KUCOFS_STRAY_WRITE_IMAGE";
+/// The protection mode the child opens the file system with.
+const MODE_VAR: &str = "KUCOFS_STRAY_WRITE_PROTECTION";
+
+const FILE: &str = "victim";
+const LEN: usize = 5 * 4096 + 123;
+/// The file byte whose page the child stores into (in the third page).
+const TARGET: u64 = 2 * 4096 + 17;
+
+fn contents() -> Vec<u8> {
+    (0..LEN)
+        .map(|i| (i as u8) ^ ((i >> 12) as u8).wrapping_mul(41))
+        .collect()
+}
+
+fn shm_dir() -> Option<tempfile::TempDir> {
+    if !Path::new("/dev/shm").is_dir() {
+        println!("SKIPPED: /dev/shm does not exist; these tests keep their images there");
+        return None;
+    }
+    Some(
+        tempfile::Builder::new()
+            .prefix("kucofs-stray-")
+            .tempdir_in("/dev/shm")
+            .expect("a temporary directory under /dev/shm"),
+    )
+}
+
+fn config(protection: Protection) -> Config {
+    Config {
+        protection,
+        ..Config::default()
+    }
+}
+
+fn protection_name(p: Protection) -> &'static str {
+    match p {
+        Protection::Strict => "strict",
+        Protection::Batched => "batched",
+        Protection::Off => "off",
+    }
+}
+
+/// What the child was asked to do, or `None` when this is no child.
+fn child_args() -> Option<(PathBuf, Protection)> {
+    let image = PathBuf::from(std::env::var_os(IMAGE_VAR)?);
+    let mode = std::env::var(MODE_VAR)
+        .expect("the parent names a protection mode")
+        .parse()
+        .expect("a protection mode");
+    Some((image, mode))
+}
+
+/// Stores one byte at `addr`, which must fault; if it does not, the child
+/// exits with a status the parent reports.
+fn stray_store(addr: usize) -> ! {
+    // Keep the expected crash from writing a core file.
+    let no_core = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit only reads the struct passed by reference.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
+    assert_eq!(rc, 0, "setrlimit(RLIMIT_CORE, 0)");
+    eprintln!("child: storing to {addr:#x}");
+    // SAFETY: `addr` lies inside the client's read-only mapping of the
+    // region (a data page of a committed file), so this store is expected
+    // to fault with SIGSEGV and kill the process before it changes a byte.
+    // Should the page be writable after all (the bug this test looks for),
+    // the store lands in mapped memory that no Rust reference points at, and
+    // the child exits at once, reporting it.
+    unsafe { std::ptr::write_volatile((addr + (TARGET % 4096) as usize) as *mut u8, 0xa5) };
+    eprintln!("child: the store did not fault");
+    std::process::exit(3)
+}
+
+/// Runs child test `name` on `image` and checks that it died of SIGSEGV.
+fn run_child(name: &str, image: &Path, protection: Protection) {
+    let out = Command::new(std::env::current_exe().expect("the test binary's path"))
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(IMAGE_VAR, image)
+        .env(MODE_VAR, protection_name(protection))
+        .output()
+        .expect("run the child");
+    let log = format!(
+        "child {name} ({}): {}\nstdout:\n{}\nstderr:\n{}",
+        protection_name(protection),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("child: storing to"),
+        "the child died before its stray store\n{log}"
+    );
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGSEGV),
+        "the stray store should have killed the child\n{log}"
+    );
+}
+
+/// Recovers the image the dead child left and checks the file is intact.
+fn check_after_crash(image: &Path) {
+    let fs = Fs::open(image).expect("recover the image the child left");
+    let got = fs.read(FILE).expect("read the file");
+    assert!(got == contents(), "the file's data changed");
+    fs.close().expect("close");
+    let report = kucofs_kfs::fsck(image).expect("fsck runs");
+    assert!(report.problems.is_empty(), "{report}");
+}
+
+/// Child: opens a file system that was closed cleanly, only reads, and
+/// stores into a data page of a file.
+#[test]
+fn child_store_into_a_read_page() {
+    let Some((image, protection)) = child_args() else {
+        return;
+    };
+    let fs = Fs::open_with(&image, config(protection)).expect("child: open");
+    let f = File::open(&fs, FILE).expect("child: open the file");
+    let mut buf = vec![0u8; LEN];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), LEN);
+    assert!(
+        buf == contents(),
+        "child: the file's data is not what was written"
+    );
+    let addr = f
+        .debug_page_address(TARGET)
+        .expect("child: page address")
+        .expect("child: the target byte is in a page");
+    stray_store(addr);
+}
+
+/// Child: makes a file system, writes the file under strict protection
+/// (every commit makes its pages read-only at once), and stores into a
+/// page it has just written.
+#[test]
+fn child_store_into_a_just_written_page() {
+    let Some((image, protection)) = child_args() else {
+        return;
+    };
+    assert_eq!(protection, Protection::Strict);
+    kucofs_kfs::mkfs(&image, 16 << 20, false).expect("child: mkfs");
+    let fs = Fs::open_with(&image, config(protection)).expect("child: open");
+    let f = File::create_new(&fs, FILE).expect("child: create the file");
+    assert_eq!(f.write_at(&contents(), 0).unwrap(), LEN);
+    let addr = f
+        .debug_page_address(TARGET)
+        .expect("child: page address")
+        .expect("child: the target byte is in a page");
+    stray_store(addr);
+}
+
+#[test]
+fn a_stray_store_into_file_data_kills_the_process_and_changes_nothing() {
+    let Some(dir) = shm_dir() else { return };
+    for protection in [Protection::Strict, Protection::Batched, Protection::Off] {
+        let image = dir
+            .path()
+            .join(format!("{}.img", protection_name(protection)));
+        let fs = Fs::create(&image, 16 << 20).expect("mkfs and open");
+        fs.write(FILE, contents()).expect("write the file");
+        fs.close().expect("close");
+        run_child("child_store_into_a_read_page", &image, protection);
+        check_after_crash(&image);
+    }
+}
+
+#[test]
+fn a_stray_store_into_just_written_data_faults_under_strict_protection() {
+    let Some(dir) = shm_dir() else { return };
+    let image = dir.path().join("strict.img");
+    run_child(
+        "child_store_into_a_just_written_page",
+        &image,
+        Protection::Strict,
+    );
+    check_after_crash(&image);
+}
