@@ -133,8 +133,7 @@ impl Drop for SetOnDrop<'_> {
 fn overwrites_beside_a_busy_reader_do_not_run_out_of_space() {
     let Some(dir) = shm_dir() else { return };
     let image = dir.path().join("img");
-    // Batched protection is left out: see the test above.
-    let fs = open(&image, Protection::Off);
+    let fs = open(&image, Protection::Batched);
     let f = File::create_new(&fs, "r").expect("create the record's file");
     f.write_at(&record(0), 0).expect("the first write");
     let done = AtomicBool::new(false);

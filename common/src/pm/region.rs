@@ -433,12 +433,25 @@ impl RegionView {
 }
 
 fn lock(file: &File, path: &Path, op: FlockOperation) -> Result<()> {
-    match flock(file, op) {
-        Ok(()) => Ok(()),
-        Err(Errno::WOULDBLOCK) => Err(Error::Locked { path: path.into() }),
-        Err(e) => Err(Error::io("lock image", path, e.into())),
+    // A lock can outlive its holder's close for a moment: a process that
+    // forks while it has the image open shares the open file (and its lock)
+    // with the child until the child execs. So a refusal is retried
+    // briefly before it is reported.
+    for attempt in 0..LOCK_TRIES {
+        match flock(file, op) {
+            Ok(()) => return Ok(()),
+            Err(Errno::WOULDBLOCK) if attempt + 1 < LOCK_TRIES => {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(Errno::WOULDBLOCK) => return Err(Error::Locked { path: path.into() }),
+            Err(e) => return Err(Error::io("lock image", path, e.into())),
+        }
     }
+    Err(Error::Locked { path: path.into() })
 }
+
+/// Attempts at locking an image, 2 ms apart.
+const LOCK_TRIES: u32 = 25;
 
 fn is_device(path: &Path) -> bool {
     std::fs::metadata(path)
