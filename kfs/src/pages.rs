@@ -7,7 +7,7 @@
 //! rebuilt at recovery as "every data page no file holds", which is how a
 //! crash gives back the pools that clients held.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use kucofs_common::format::Geometry;
 use kucofs_common::Errno;
@@ -20,6 +20,9 @@ pub struct Holder {
     /// Its request slot (one per client thread).
     pub slot: u32,
 }
+
+/// Free runs at least this long are indexed for grants.
+const LONG: u64 = 64;
 
 const FREE: u32 = 0;
 const USED: u32 = 1;
@@ -38,6 +41,10 @@ pub struct Pages {
     state: Vec<u32>,
     /// Free runs: start -> length.
     free: BTreeMap<u64, u64>,
+    /// Starts of the free runs of at least [`LONG`] pages, so that a grant
+    /// finds the lowest long run without walking the short ones (freed
+    /// pages come back scattered).
+    long: BTreeSet<u64>,
     free_pages: u64,
     /// Pool holders and their state numbers.
     holders: HashMap<Holder, u32>,
@@ -73,6 +80,7 @@ impl Pages {
             end,
             state,
             free: BTreeMap::new(),
+            long: BTreeSet::new(),
             free_pages: 0,
             holders: HashMap::new(),
             by_number: Vec::new(),
@@ -89,7 +97,7 @@ impl Pages {
             while p < end && pages.state(p) == FREE {
                 p += 1;
             }
-            pages.free.insert(start, p - start);
+            pages.add_run(start, p - start);
             pages.free_pages += p - start;
         }
         Ok(pages)
@@ -142,17 +150,32 @@ impl Pages {
     /// run at least `want` long, else the longest. `ENOSPC` if none is free.
     pub fn grant(&mut self, h: Holder, want: u64) -> Result<(u64, u64), Errno> {
         let want = want.max(1);
+        // The lowest run that fits: low pages are reused first, so the
+        // pages in use stay together (fresh pages cost a fault each).
+        let free = &self.free;
         let pick = self
-            .free
+            .long
             .iter()
-            .find(|(_, &len)| len >= want)
-            .or_else(|| self.free.iter().max_by_key(|(_, &len)| len))
-            .map(|(&s, &l)| (s, l));
+            .map(|s| (*s, free[s]))
+            .find(|&(_, l)| l >= want)
+            .or_else(|| {
+                (want < LONG)
+                    .then(|| free.iter().find(|(_, &l)| l >= want).map(|(&s, &l)| (s, l)))
+                    .flatten()
+            })
+            .or_else(|| {
+                // Nothing that long: the longest run there is.
+                self.long
+                    .iter()
+                    .map(|s| (*s, free[s]))
+                    .max_by_key(|&(_, l)| l)
+                    .or_else(|| free.iter().max_by_key(|(_, &l)| l).map(|(&s, &l)| (s, l)))
+            });
         let (start, len) = pick.ok_or(Errno::ENOSPC)?;
         let take = len.min(want);
-        self.free.remove(&start);
+        self.del_run(start);
         if len > take {
-            self.free.insert(start + take, len - take);
+            self.add_run(start + take, len - take);
         }
         self.free_pages -= take;
         let n = self.number(h);
@@ -200,21 +223,32 @@ impl Pages {
         }
     }
 
+    fn add_run(&mut self, start: u64, len: u64) {
+        self.free.insert(start, len);
+        if len >= LONG {
+            self.long.insert(start);
+        }
+    }
+
+    fn del_run(&mut self, start: u64) -> Option<u64> {
+        self.long.remove(&start);
+        self.free.remove(&start)
+    }
+
     fn free_run(&mut self, start: u64, len: u64) {
         let mut s = start;
         let mut l = len;
         if let Some((&ps, &pl)) = self.free.range(..s).next_back() {
             if ps + pl == s {
-                self.free.remove(&ps);
+                self.del_run(ps);
                 s = ps;
                 l += pl;
             }
         }
-        if let Some(&nl) = self.free.get(&(start + len)) {
-            self.free.remove(&(start + len));
+        if let Some(nl) = self.del_run(start + len) {
             l += nl;
         }
-        self.free.insert(s, l);
+        self.add_run(s, l);
     }
 
     fn free_page(&mut self, p: u64) {
