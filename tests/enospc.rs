@@ -3,8 +3,9 @@
 //! again (Kfs reclaims the freed pages when a grant would fail); and the
 //! image survives a clean reopen and a crash, fsck-clean.
 
+mod support;
+
 use std::io::{self, Write};
-use std::path::Path;
 
 use kucofs::{File, Fs, OpenOptions};
 use kucofs_common::format::Geometry;
@@ -12,19 +13,6 @@ use kucofs_common::format::Geometry;
 /// A small image: 2 MiB, a few hundred data pages.
 const IMAGE_SIZE: u64 = 2 << 20;
 const CHUNK: usize = 64 << 10;
-
-fn shm_dir() -> Option<tempfile::TempDir> {
-    if !Path::new("/dev/shm").is_dir() {
-        println!("SKIPPED: /dev/shm does not exist; these tests keep their images there");
-        return None;
-    }
-    Some(
-        tempfile::Builder::new()
-            .prefix("kucofs-enospc-")
-            .tempdir_in("/dev/shm")
-            .expect("a temporary directory under /dev/shm"),
-    )
-}
 
 /// Bytes that depend on their file offset and on `tag`, so that a page
 /// that lands in the wrong place, or in the wrong file, shows.
@@ -79,7 +67,9 @@ fn assert_contents(fs: &Fs, path: &str, tag: u8, len: u64) {
 
 #[test]
 fn a_full_file_system_refuses_writes_cleanly_and_recovers_room() {
-    let Some(dir) = shm_dir() else { return };
+    let Some(dir) = support::shm_dir("kucofs-enospc-") else {
+        return;
+    };
     let g = Geometry::for_size(IMAGE_SIZE).expect("the test's image size is valid");
     assert!(
         g.data.pages * 4096 >= 8 * CHUNK as u64,

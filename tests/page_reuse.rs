@@ -10,6 +10,8 @@
 //! runs in a child process (this test binary again, running
 //! `child_overwrite_one_record`), and the parent reports how it died.
 
+mod support;
+
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,19 +31,6 @@ const WRITES: u64 = 4_000;
 const IMAGE_VAR: &str = "KUCOFS_PAGE_REUSE_IMAGE";
 /// The protection mode a child runs with.
 const MODE_VAR: &str = "KUCOFS_PAGE_REUSE_PROTECTION";
-
-fn shm_dir() -> Option<tempfile::TempDir> {
-    if !Path::new("/dev/shm").is_dir() {
-        println!("SKIPPED: /dev/shm does not exist; these tests keep their images there");
-        return None;
-    }
-    Some(
-        tempfile::Builder::new()
-            .prefix("kucofs-reuse-")
-            .tempdir_in("/dev/shm")
-            .expect("a temporary directory under /dev/shm"),
-    )
-}
 
 fn record(stamp: u64) -> Vec<u8> {
     stamp.to_le_bytes().repeat(RECORD / 8)
@@ -92,7 +81,9 @@ fn child_overwrite_one_record() {
 
 #[test]
 fn overwrites_reuse_pages_under_every_protection_mode() {
-    let Some(dir) = shm_dir() else { return };
+    let Some(dir) = support::shm_dir("kucofs-reuse-") else {
+        return;
+    };
     let mut failed = Vec::new();
     for mode in ["strict", "batched", "off"] {
         let out = Command::new(std::env::current_exe().expect("the test binary's path"))
@@ -131,7 +122,9 @@ impl Drop for SetOnDrop<'_> {
 
 #[test]
 fn overwrites_beside_a_busy_reader_do_not_run_out_of_space() {
-    let Some(dir) = shm_dir() else { return };
+    let Some(dir) = support::shm_dir("kucofs-reuse-") else {
+        return;
+    };
     let image = dir.path().join("img");
     let fs = open(&image, Protection::Batched);
     let f = File::create_new(&fs, "r").expect("create the record's file");

@@ -5,6 +5,8 @@
 //! tests); the parent then recovers the image and checks that the file is
 //! unchanged and the image fsck-clean.
 
+mod support;
+
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,19 +27,6 @@ fn contents() -> Vec<u8> {
     (0..LEN)
         .map(|i| (i as u8) ^ ((i >> 12) as u8).wrapping_mul(41))
         .collect()
-}
-
-fn shm_dir() -> Option<tempfile::TempDir> {
-    if !Path::new("/dev/shm").is_dir() {
-        println!("SKIPPED: /dev/shm does not exist; these tests keep their images there");
-        return None;
-    }
-    Some(
-        tempfile::Builder::new()
-            .prefix("kucofs-stray-")
-            .tempdir_in("/dev/shm")
-            .expect("a temporary directory under /dev/shm"),
-    )
 }
 
 fn config(protection: Protection) -> Config {
@@ -168,7 +157,9 @@ fn child_store_into_a_just_written_page() {
 
 #[test]
 fn a_stray_store_into_file_data_kills_the_process_and_changes_nothing() {
-    let Some(dir) = shm_dir() else { return };
+    let Some(dir) = support::shm_dir("kucofs-stray-") else {
+        return;
+    };
     for protection in [Protection::Strict, Protection::Batched, Protection::Off] {
         let image = dir
             .path()
@@ -183,7 +174,9 @@ fn a_stray_store_into_file_data_kills_the_process_and_changes_nothing() {
 
 #[test]
 fn a_stray_store_into_just_written_data_faults_under_strict_protection() {
-    let Some(dir) = shm_dir() else { return };
+    let Some(dir) = support::shm_dir("kucofs-stray-") else {
+        return;
+    };
     let image = dir.path().join("strict.img");
     run_child(
         "child_store_into_a_just_written_page",

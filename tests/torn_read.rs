@@ -5,8 +5,9 @@
 //! from a page that was reused before its grace period ended, would see two
 //! stamps in one record.
 
+mod support;
+
 use std::io;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -23,19 +24,6 @@ const WRITES: u64 = if cfg!(debug_assertions) {
 } else {
     20_000
 };
-
-fn shm_dir() -> Option<tempfile::TempDir> {
-    if !Path::new("/dev/shm").is_dir() {
-        println!("SKIPPED: /dev/shm does not exist; these tests keep their images there");
-        return None;
-    }
-    Some(
-        tempfile::Builder::new()
-            .prefix("kucofs-torn-")
-            .tempdir_in("/dev/shm")
-            .expect("a temporary directory under /dev/shm"),
-    )
-}
 
 fn record(stamp: u64) -> Vec<u8> {
     stamp.to_le_bytes().repeat(RECORD / 8)
@@ -74,7 +62,9 @@ impl Drop for Stopped<'_> {
 }
 
 fn run(protection: Protection, handles: Handles) {
-    let Some(dir) = shm_dir() else { return };
+    let Some(dir) = support::shm_dir("kucofs-torn-") else {
+        return;
+    };
     let image = dir.path().join("img");
     kucofs_kfs::mkfs(&image, 64 << 20, false).expect("mkfs");
     let fs = Fs::open_with(

@@ -129,8 +129,6 @@ pub enum Request<'a> {
     },
     /// Set a file's size (needs the write lease).
     Truncate { ino: u64, size: u64 },
-    /// Give back the pool pages of this thread's slot that are still unused.
-    ReleasePool,
 }
 
 /// Flags of [`Request::Open`].
@@ -180,8 +178,11 @@ impl Extents {
     /// Appends `len` pages from `start`, merging with the last run when
     /// they continue it; `false` if the list is full.
     pub fn push(&mut self, start: u64, len: u32) -> bool {
+        if len == 0 {
+            return true;
+        }
         if let Some(last) = self.as_slice().last() {
-            if last.start + u64::from(last.len) == start {
+            if last.start.checked_add(u64::from(last.len)) == Some(start) {
                 if let Some(l) = last.len.checked_add(len) {
                     self.runs[self.n as usize - 1].len = l;
                     return true;
@@ -194,6 +195,36 @@ impl Extents {
         self.runs[self.n as usize] = Extent { start, len };
         self.n += 1;
         true
+    }
+
+    /// Writes the list: a count, then each run's start and length.
+    pub fn encode(&self, w: &mut Writer<'_>) {
+        w.u8(self.n);
+        for e in self.as_slice() {
+            w.u64(e.start);
+            w.u32(e.len);
+        }
+    }
+
+    /// Reads a list [`Extents::encode`] wrote; `EPROTO` unless it is one
+    /// `push` would build (at most [`EXTENTS_MAX`] runs, none empty, none
+    /// continuing the one before).
+    pub fn decode(r: &mut Reader<'_>) -> Result<Extents, Errno> {
+        let n = r.u8()?;
+        if n as usize > EXTENTS_MAX {
+            return Err(Errno::EPROTO);
+        }
+        let mut extents = Extents::new();
+        for _ in 0..n {
+            let (start, len) = (r.u64()?, r.u32()?);
+            if len == 0 || !extents.push(start, len) {
+                return Err(Errno::EPROTO);
+            }
+        }
+        if extents.n != n {
+            return Err(Errno::EPROTO);
+        }
+        Ok(extents)
     }
 
     /// The runs.
@@ -288,7 +319,6 @@ mod op {
     pub const GRANT: u16 = 9;
     pub const COMMIT: u16 = 10;
     pub const TRUNCATE: u16 = 11;
-    pub const RELEASE_POOL: u16 = 12;
 }
 
 /// Bytes before the body: version u16, op u16, body length u32, and the
@@ -424,11 +454,7 @@ impl<'a> Request<'a> {
                 w.u64(*ino);
                 w.u64(*first);
                 w.u64(*size);
-                w.u8(extents.n);
-                for e in extents.as_slice() {
-                    w.u64(e.start);
-                    w.u32(e.len);
-                }
+                extents.encode(&mut w);
                 op::COMMIT
             }
             Request::Truncate { ino, size } => {
@@ -436,7 +462,6 @@ impl<'a> Request<'a> {
                 w.u64(*size);
                 op::TRUNCATE
             }
-            Request::ReleasePool => op::RELEASE_POOL,
         };
         let len = out.len();
         let body = (len - HEADER) as u32;
@@ -515,32 +540,16 @@ impl<'a> Request<'a> {
                 write: r.bool()?,
             },
             op::GRANT => Request::Grant { pages: r.u32()? },
-            op::COMMIT => {
-                let (ino, first, size) = (r.u64()?, r.u64()?, r.u64()?);
-                let n = r.u8()?;
-                if n as usize > EXTENTS_MAX {
-                    return Err(Errno::EPROTO);
-                }
-                let mut extents = Extents::new();
-                for i in 0..n as usize {
-                    extents.runs[i] = Extent {
-                        start: r.u64()?,
-                        len: r.u32()?,
-                    };
-                }
-                extents.n = n;
-                Request::Commit {
-                    ino,
-                    first,
-                    size,
-                    extents,
-                }
-            }
+            op::COMMIT => Request::Commit {
+                ino: r.u64()?,
+                first: r.u64()?,
+                size: r.u64()?,
+                extents: Extents::decode(&mut r)?,
+            },
             op::TRUNCATE => Request::Truncate {
                 ino: r.u64()?,
                 size: r.u64()?,
             },
-            op::RELEASE_POOL => Request::ReleasePool,
             _ => return Err(Errno::EPROTO),
         };
         if !r.done() {
@@ -568,7 +577,6 @@ impl<'a> Request<'a> {
             Request::Grant { .. } => RequestKind::Grant,
             Request::Commit { .. } => RequestKind::Commit,
             Request::Truncate { .. } => RequestKind::Truncate,
-            Request::ReleasePool => RequestKind::ReleasePool,
         }
     }
 }
@@ -604,15 +612,13 @@ pub enum RequestKind {
     Commit,
     #[allow(missing_docs)]
     Truncate,
-    #[allow(missing_docs)]
-    ReleasePool,
     /// A request that failed to decode.
     Malformed,
 }
 
 impl RequestKind {
     /// Every kind, in display order.
-    pub const ALL: [RequestKind; 16] = [
+    pub const ALL: [RequestKind; 15] = [
         RequestKind::Create,
         RequestKind::Mkdir,
         RequestKind::Symlink,
@@ -627,7 +633,6 @@ impl RequestKind {
         RequestKind::Grant,
         RequestKind::Commit,
         RequestKind::Truncate,
-        RequestKind::ReleasePool,
         RequestKind::Malformed,
     ];
 }
@@ -665,7 +670,7 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..12u8, flip in any::<prop::sample::Index>(),
+            which in 0..11u8, flip in any::<prop::sample::Index>(),
             x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
             let req = match which {
@@ -685,7 +690,6 @@ mod tests {
                     Request::Commit { ino: x, first: y, size: x ^ y, extents }
                 }
                 9 => Request::Truncate { ino: x, size: y },
-                10 => Request::ReleasePool,
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();

@@ -44,6 +44,18 @@ fn class_for(size: u64) -> Option<u16> {
     }
 }
 
+/// The oldest epoch a reader may still be in, read just after `epoch`
+/// began: `slots` yields every client thread's epoch slot, 0 when it is
+/// outside the index, else 1 + the epoch it entered in. What was retired
+/// before it can be freed.
+pub fn oldest_reader(slots: impl Iterator<Item = u64>, epoch: u64) -> u64 {
+    slots
+        .filter(|&s| s != 0)
+        .map(|s| s - 1)
+        .min()
+        .unwrap_or(epoch)
+}
+
 /// The writable index: its memory, the allocator, and the retired items.
 #[derive(Debug)]
 pub struct Arena {
@@ -205,20 +217,15 @@ impl Arena {
     }
 
     /// Starts a new epoch if anything waits for one, and frees (at most
-    /// [`RECLAIM_BATCH`] of) what no reader can hold any more. `readers`
-    /// yields every client thread's epoch slot: 0 when it is outside the
-    /// index, else 1 + the epoch it entered in.
-    pub fn reclaim(&mut self, readers: impl Iterator<Item = u64>) -> Result<usize, Errno> {
+    /// [`RECLAIM_BATCH`] of) what no reader can hold any more (see
+    /// [`oldest_reader`]).
+    #[cfg(test)]
+    fn reclaim(&mut self, readers: impl Iterator<Item = u64>) -> Result<usize, Errno> {
         if self.retired.is_empty() {
             return Ok(0);
         }
         let epoch = self.advance_epoch()?;
-        let oldest_reader = readers
-            .filter(|&s| s != 0)
-            .map(|s| s - 1)
-            .min()
-            .unwrap_or(epoch);
-        self.free_retired(oldest_reader)
+        self.free_retired(oldest_reader(readers, epoch))
     }
 
     /// Starts a new epoch and returns it. The caller then loads every

@@ -332,8 +332,10 @@ fn check_pages(view: &RegionView, sb: &Superblock, ns: &Namespace, report: &mut 
     );
     for a in &files {
         let mut count = 0u64;
+        let mut past_end = false;
         ns.file_pages(a.offset, |fp, p| {
             count += 1;
+            past_end |= fp * PAGE_SIZE >= a.size;
             if p < g.data.start || p >= g.data.end() {
                 report.problems.push(format!(
                     "file {}: page {fp} is in region page {p}, outside the data pages",
@@ -352,14 +354,10 @@ fn check_pages(view: &RegionView, sb: &Superblock, ns: &Namespace, report: &mut 
                 a.ino, a.entries
             ));
         }
-        if a.size.div_ceil(PAGE_SIZE) < count {
-            let mut past = false;
-            ns.file_pages(a.offset, |fp, _| past |= fp * PAGE_SIZE >= a.size);
-            if past {
-                report
-                    .problems
-                    .push(format!("file {}: holds pages past its size", a.ino));
-            }
+        if past_end {
+            report
+                .problems
+                .push(format!("file {}: holds pages past its size", a.ino));
         }
     }
     if !sb.clean {

@@ -190,11 +190,6 @@ impl Namespace {
         self.inode_of(ino)
     }
 
-    /// Frees retired items no reader can hold (see [`Arena::reclaim`]).
-    pub fn reclaim(&mut self, readers: impl Iterator<Item = u64>) -> Result<usize, Errno> {
-        self.arena.reclaim(readers)
-    }
-
     /// How requests located their targets so far.
     pub fn hint_stats(&self) -> HintStats {
         self.hints
@@ -469,8 +464,7 @@ impl Namespace {
             | Request::Close { .. }
             | Request::Grant { .. }
             | Request::Commit { .. }
-            | Request::Truncate { .. }
-            | Request::ReleasePool => Err(Errno::EINVAL),
+            | Request::Truncate { .. } => Err(Errno::EINVAL),
         }
     }
 

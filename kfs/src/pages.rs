@@ -7,7 +7,9 @@
 //! rebuilt at recovery as "every data page no file holds", which is how a
 //! crash gives back the pools that clients held.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use kucofs_common::channel::SLOTS;
 
 use kucofs_common::format::Geometry;
 use kucofs_common::Errno;
@@ -27,8 +29,17 @@ const LONG: u64 = 64;
 const FREE: u32 = 0;
 const USED: u32 = 1;
 const WAITING: u32 = 2;
-/// States from here up are pools: `POOL + holder number`.
+/// States from here up are pools: `POOL + client * SLOTS + slot`.
 const POOL: u32 = 3;
+
+impl Holder {
+    /// The page state of this holder's pool pages; `None` for a client
+    /// number too large to encode (Kfs numbers clients from 0).
+    fn state(self) -> Option<u32> {
+        let n = u64::from(self.client) * SLOTS as u64 + u64::from(self.slot);
+        u32::try_from(n + u64::from(POOL)).ok()
+    }
+}
 
 /// The data pages.
 #[derive(Debug)]
@@ -46,11 +57,6 @@ pub struct Pages {
     /// pages come back scattered).
     long: BTreeSet<u64>,
     free_pages: u64,
-    /// Pool holders and their state numbers.
-    holders: HashMap<Holder, u32>,
-    by_number: Vec<Holder>,
-    /// Each holder's granted runs (some pages may since be used).
-    pools: HashMap<u32, Vec<(u64, u64)>>,
     /// Replaced pages: (epoch, page), freed once no reader is older.
     waiting: VecDeque<(u64, u64)>,
 }
@@ -82,9 +88,6 @@ impl Pages {
             free: BTreeMap::new(),
             long: BTreeSet::new(),
             free_pages: 0,
-            holders: HashMap::new(),
-            by_number: Vec::new(),
-            pools: HashMap::new(),
             waiting: VecDeque::new(),
         };
         let mut p = first;
@@ -122,7 +125,8 @@ impl Pages {
     }
 
     /// Pages in files.
-    pub fn used_pages(&self) -> u64 {
+    #[cfg(test)]
+    fn used_pages(&self) -> u64 {
         self.state.iter().filter(|&&s| s == USED).count() as u64
     }
 
@@ -136,19 +140,10 @@ impl Pages {
         self.end - self.first
     }
 
-    fn number(&mut self, h: Holder) -> u32 {
-        if let Some(&n) = self.holders.get(&h) {
-            return n;
-        }
-        let n = self.by_number.len() as u32;
-        self.by_number.push(h);
-        self.holders.insert(h, n);
-        n
-    }
-
     /// Takes up to `want` free pages, in one run, for `h`'s pool: the first
     /// run at least `want` long, else the longest. `ENOSPC` if none is free.
     pub fn grant(&mut self, h: Holder, want: u64) -> Result<(u64, u64), Errno> {
+        let mark = h.state().ok_or(Errno::EINVAL)?;
         let want = want.max(1);
         // The lowest run that fits: low pages are reused first, so the
         // pages in use stay together (fresh pages cost a fault each).
@@ -178,22 +173,20 @@ impl Pages {
             self.add_run(start + take, len - take);
         }
         self.free_pages -= take;
-        let n = self.number(h);
         for p in start..start + take {
-            self.set(p, POOL + n);
+            self.set(p, mark);
         }
-        self.pools.entry(n).or_default().push((start, take));
         Ok((start, take))
     }
 
     /// Checks that every page of `pages` is in `h`'s pool and unused, with
     /// none named twice; then moves them into a file.
     pub fn take(&mut self, h: Holder, pages: &[u64]) -> Result<(), Errno> {
-        let n = *self.holders.get(&h).ok_or(Errno::EINVAL)?;
+        let mark = h.state().ok_or(Errno::EINVAL)?;
         for (i, &p) in pages.iter().enumerate() {
-            if p < self.first || p >= self.end || self.state(p) != POOL + n {
+            if p < self.first || p >= self.end || self.state(p) != mark {
                 for &q in &pages[..i] {
-                    self.set(q, POOL + n);
+                    self.set(q, mark);
                 }
                 return Err(Errno::EINVAL);
             }
@@ -205,10 +198,10 @@ impl Pages {
 
     /// Undoes [`Pages::take`] of pages a failed commit had claimed.
     pub fn untake(&mut self, h: Holder, pages: &[u64]) {
-        if let Some(&n) = self.holders.get(&h) {
+        if let Some(mark) = h.state() {
             for &p in pages {
                 if p >= self.first && p < self.end && self.state(p) == USED {
-                    self.set(p, POOL + n);
+                    self.set(p, mark);
                 }
             }
         }
@@ -271,32 +264,32 @@ impl Pages {
         n
     }
 
-    /// Frees the unused pages of `h`'s pool; returns how many.
-    pub fn release(&mut self, h: Holder) -> u64 {
-        let Some(&n) = self.holders.get(&h) else {
-            return 0;
-        };
+    /// Frees the pool pages whose state is in `marks`; returns how many.
+    /// A scan of every data page: pools are given back rarely (a client
+    /// going away), so Kfs keeps no list of them.
+    fn release_marked(&mut self, marks: std::ops::Range<u64>) -> u64 {
         let mut freed = 0;
-        for (start, len) in self.pools.remove(&n).unwrap_or_default() {
-            for p in start..start + len {
-                if self.state(p) == POOL + n {
-                    self.free_page(p);
-                    freed += 1;
-                }
+        for p in self.first..self.end {
+            if marks.contains(&u64::from(self.state(p))) {
+                self.free_page(p);
+                freed += 1;
             }
         }
         freed
     }
 
+    /// Frees the unused pages of `h`'s pool; returns how many.
+    pub fn release(&mut self, h: Holder) -> u64 {
+        match h.state() {
+            Some(m) => self.release_marked(u64::from(m)..u64::from(m) + 1),
+            None => 0,
+        }
+    }
+
     /// Frees the unused pool pages of every slot of `client`.
     pub fn release_client(&mut self, client: u32) -> u64 {
-        let holders: Vec<Holder> = self
-            .by_number
-            .iter()
-            .copied()
-            .filter(|h| h.client == client)
-            .collect();
-        holders.into_iter().map(|h| self.release(h)).sum()
+        let first = u64::from(POOL) + u64::from(client) * SLOTS as u64;
+        self.release_marked(first..first + SLOTS as u64)
     }
 
     /// The pages files hold, as a bitmap (bit `i`: data page `first + i`).

@@ -251,11 +251,7 @@ impl<'a> Record<'a> {
                 w.u64(*first);
                 w.u64(*size);
                 w.u64(*time as u64);
-                w.u8(extents.as_slice().len() as u8);
-                for e in extents.as_slice() {
-                    w.u64(e.start);
-                    w.u32(e.len);
-                }
+                extents.encode(&mut w);
             }
             Record::Truncate { ino, size, time } => {
                 w.u64(*ino);
@@ -319,31 +315,13 @@ impl<'a> Record<'a> {
                 },
                 time: r.u64()? as i64,
             },
-            op::WRITE => {
-                let (ino, first, size, time) = (r.u64()?, r.u64()?, r.u64()?, r.u64()? as i64);
-                let n = r.u8()?;
-                if n as usize > kucofs_common::proto::EXTENTS_MAX {
-                    return Err(Errno::EPROTO);
-                }
-                let mut extents = Extents::new();
-                for _ in 0..n {
-                    let (start, len) = (r.u64()?, r.u32()?);
-                    // Written merged, so each run pushes as its own.
-                    if len == 0 || !extents.push(start, len) {
-                        return Err(Errno::EPROTO);
-                    }
-                }
-                if extents.as_slice().len() != n as usize {
-                    return Err(Errno::EPROTO);
-                }
-                Record::Write {
-                    ino,
-                    first,
-                    extents,
-                    size,
-                    time,
-                }
-            }
+            op::WRITE => Record::Write {
+                ino: r.u64()?,
+                first: r.u64()?,
+                size: r.u64()?,
+                time: r.u64()? as i64,
+                extents: Extents::decode(&mut r)?,
+            },
             op::TRUNCATE => Record::Truncate {
                 ino: r.u64()?,
                 size: r.u64()?,

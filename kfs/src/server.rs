@@ -433,7 +433,7 @@ impl Server {
                 since_reclaim += served;
                 if since_reclaim >= 1024 {
                     since_reclaim = 0;
-                    self.reclaim();
+                    self.keep_house();
                 }
                 continue;
             }
@@ -464,7 +464,7 @@ impl Server {
             } else if idle < self.config.yield_for {
                 std::thread::yield_now();
             } else {
-                self.reclaim();
+                self.keep_house();
                 if idle.min(last_direct.elapsed()) >= self.config.idle_checkpoint {
                     if let Some(v) = self.volume.lock().as_mut() {
                         // Best effort: a failed idle checkpoint is retried
@@ -524,7 +524,7 @@ impl Server {
         served
     }
 
-    fn reclaim(&mut self) {
+    fn keep_house(&mut self) {
         let mut guard = self.volume.lock();
         let Some(volume) = guard.as_mut() else { return };
         volume.expire_protection();

@@ -107,7 +107,7 @@ pub fn recover(
     ns.rebuild_free_inos();
     // Pages replaced during replay are simply free: free space is rebuilt
     // from the files.
-    ns.take_replaced();
+    ns.drain_replaced(|_| {});
     Ok((ns, replayed))
 }
 
@@ -209,15 +209,9 @@ impl Volume {
         let Ok(epoch) = self.ns.advance_epoch() else {
             return 0;
         };
-        let oldest = self
-            .readers
-            .lock()
-            .iter()
-            .flat_map(|s| s.epochs().collect::<Vec<_>>())
-            .filter(|&s| s != 0)
-            .map(|s| s - 1)
-            .min()
-            .unwrap_or(epoch);
+        let readers = self.readers.lock();
+        let oldest = crate::arena::oldest_reader(readers.iter().flat_map(Segment::epochs), epoch);
+        drop(readers);
         self.ns.free_retired(oldest).unwrap_or(0) + self.pages.reclaim(oldest)
     }
 

@@ -23,7 +23,7 @@ use kucofs_common::pm::Words;
 use kucofs_common::proto::{open, Extents, Request, COMMIT_PAGES_MAX};
 use kucofs_common::Errno;
 
-use crate::fs::{bytes, err, Fs, Inner};
+use crate::fs::{bytes, common_err, err, Fs, Inner};
 use crate::metadata::Metadata;
 use crate::range_lock::RangeLock;
 
@@ -329,7 +329,16 @@ impl File {
                 Err(e) => return Err(e),
             };
             let data = &buf[(at - offset) as usize..(chunk_end - offset) as usize];
-            fs.with_index(|r| self.fill_pages(r.mem(), &extents, first, at, data))??;
+            if at % PAGE == 0 && chunk_end % PAGE == 0 {
+                // Whole pages: no old bytes to keep, so no need to read
+                // the map.
+                for (i, dst) in extents.iter_pages().enumerate() {
+                    let src = &data[i * PAGE as usize..(i + 1) * PAGE as usize];
+                    fs.region.write_pool(dst * PAGE, src).map_err(common_err)?;
+                }
+            } else {
+                fs.with_index(|r| self.fill_pages(r.mem(), &extents, first, at, data))??;
+            }
             fs.region.fence();
             fs.call_as(
                 slot,
@@ -366,9 +375,8 @@ impl File {
             let (ps, pe) = (fp * PAGE, fp * PAGE + PAGE);
             let (ds, de) = (at.max(ps), end.min(pe));
             let src = &data[(ds - at) as usize..(de - at) as usize];
-            let io = |e: kucofs_common::Error| io::Error::other(e.to_string());
             if ds == ps && de == pe {
-                region.write_pool(dst * PAGE, src).map_err(io)?;
+                region.write_pool(dst * PAGE, src).map_err(common_err)?;
                 continue;
             }
             page.fill(0);
@@ -379,10 +387,10 @@ impl File {
             if old > 0 && e != 0 {
                 region
                     .read(entry_page(e) * PAGE, &mut page[..old])
-                    .map_err(io)?;
+                    .map_err(common_err)?;
             }
             page[(ds - ps) as usize..(de - ps) as usize].copy_from_slice(src);
-            region.write_pool(dst * PAGE, &page).map_err(io)?;
+            region.write_pool(dst * PAGE, &page).map_err(common_err)?;
         }
         Ok(())
     }

@@ -72,7 +72,7 @@ pub(crate) fn err(e: Errno) -> io::Error {
     io::Error::from_raw_os_error(e.0)
 }
 
-fn common_err(e: kucofs_common::Error) -> io::Error {
+pub(crate) fn common_err(e: kucofs_common::Error) -> io::Error {
     io::Error::new(
         io::Error::from_raw_os_error(e.errno()).kind(),
         e.to_string(),
@@ -182,8 +182,9 @@ impl Inner {
         Some(reply.result().map_err(err))
     }
 
-    fn call(self: &Arc<Self>, req: &Request<'_>) -> io::Result<Reply> {
-        let slot = self.slot()?;
+    /// Hands `req` to the Kfs thread through `slot` and waits for the
+    /// reply (`ENOTCONN` once Kfs has stopped).
+    fn queue(&self, slot: usize, req: &Request<'_>) -> io::Result<Reply> {
         if self.closed.load(Ordering::Acquire) {
             return Err(err(Errno::ENOTCONN));
         }
@@ -196,16 +197,10 @@ impl Inner {
     /// Sends `req` from `slot` (this thread's): applied directly if
     /// possible, else queued.
     pub(crate) fn call_as(&self, slot: usize, req: &Request<'_>) -> io::Result<Reply> {
-        if let Some(r) = self.try_direct(slot, req) {
-            return r;
+        match self.try_direct(slot, req) {
+            Some(r) => r,
+            None => self.queue(slot, req),
         }
-        if self.closed.load(Ordering::Acquire) {
-            return Err(err(Errno::ENOTCONN));
-        }
-        self.segment
-            .call(slot, &self.doorbell, req)
-            .and_then(Reply::result)
-            .map_err(err)
     }
 
     /// Sends `req` from this thread's slot.
@@ -403,7 +398,7 @@ impl Fs {
         } else {
             None
         };
-        self.inner.call(&make(hint))
+        self.inner.queue(slot, &make(hint))
     }
 
     fn create_node(&self, path: &Path, mode: u32, target: &[u8]) -> io::Result<Reply> {
@@ -507,7 +502,7 @@ impl Fs {
         } else {
             (None, None)
         };
-        self.inner.call(&make(hint_from, hint_to)).map(drop)
+        self.inner.queue(slot, &make(hint_from, hint_to)).map(drop)
     }
 
     /// Renames `from` to `to`, replacing `to` if it exists (POSIX rules).

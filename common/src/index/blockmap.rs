@@ -231,11 +231,12 @@ pub fn next_version(src: &impl EntrySource, last: u64, first: u64, n: u64) -> u6
     }
 }
 
-/// Publishes a commit: pages `first..` now live in `pages` (0 for a hole)
-/// with `version` (from [`next_version`]). Closes the neighbouring runs
-/// first, then stores the new entries in increasing page order, so that a
-/// reader running alongside sees either the whole commit or a state
-/// [`runs_are_whole`] refuses. Returns the entries replaced.
+/// Publishes a commit: pages `first..` now live in `pages` (data pages,
+/// never 0) with `version` (from [`next_version`]). Closes the
+/// neighbouring runs first, then stores the new entries in increasing page
+/// order, so that a reader running alongside sees either the whole commit
+/// or a state [`runs_are_whole`] refuses. Appends the entries replaced to
+/// `replaced`.
 pub fn publish(
     store: &mut impl EntryStore,
     first: u64,
@@ -260,19 +261,11 @@ pub fn publish(
     for (i, &p) in pages.iter().enumerate() {
         let at = first + i as u64;
         replaced.push(store.entry(at));
-        let mut e = if p == 0 { 0 } else { entry(p, version) };
-        if e != 0 && i == 0 {
+        let mut e = entry(p, version);
+        if i == 0 {
             e |= E_START;
         }
-        if e != 0 && i as u64 == n - 1 {
-            e |= E_END;
-        }
-        // A hole inside a commit splits it: its neighbours close and open
-        // runs around it.
-        if e != 0 && i > 0 && pages[i - 1] == 0 {
-            e |= E_START;
-        }
-        if e != 0 && pages.get(i + 1) == Some(&0) {
+        if i as u64 == n - 1 {
             e |= E_END;
         }
         store.set_entry(at, e);

@@ -202,19 +202,15 @@ impl Namespace {
         }
     }
 
-    /// Data pages replaced or dropped by the changes since the last call:
-    /// they wait for their grace period before reuse.
-    pub fn take_replaced(&mut self) -> Vec<u64> {
-        std::mem::take(&mut self.replaced)
-    }
-
-    /// Hands each replaced or dropped page to `f`, keeping the buffer.
+    /// Hands `f` each data page replaced or dropped by the changes since
+    /// the last call (they wait for their grace period before reuse).
     pub fn drain_replaced(&mut self, f: impl FnMut(u64)) {
         self.replaced.drain(..).for_each(f);
     }
 
-    /// Makes file pages `first..` live in `pages` (0: a hole) and sets the
-    /// size to `size`. The replaced pages go to [`Namespace::take_replaced`].
+    /// Makes file pages `first..` live in the data pages `pages` and sets
+    /// the size to `size`. The replaced pages go to
+    /// [`Namespace::drain_replaced`].
     pub fn write_pages(
         &mut self,
         inode: u64,
@@ -227,7 +223,7 @@ impl Namespace {
         // Page numbers come from validated requests, or from an image that
         // may be damaged: one that does not fit an entry is refused, not
         // truncated into another page's number.
-        if pages.iter().any(|&p| p > blockmap::E_PAGE)
+        if pages.iter().any(|&p| p == 0 || p > blockmap::E_PAGE)
             || first
                 .checked_add(n)
                 .is_none_or(|e| e > blockmap::MAX_FILE_PAGES)
@@ -257,7 +253,6 @@ impl Namespace {
         let mut replaced = std::mem::take(&mut self.scratch);
         replaced.clear();
         blockmap::publish(&mut w, first, pages, version, &mut replaced);
-        let added = pages.iter().filter(|&&p| p != 0).count() as u64;
         let mut dropped = 0;
         for &e in &replaced {
             if e != 0 {
@@ -266,7 +261,7 @@ impl Namespace {
             }
         }
         self.scratch = replaced;
-        let blocks = self.arena.get(inode + I_BLOCKS) + added - dropped;
+        let blocks = self.arena.get(inode + I_BLOCKS) + n - dropped;
         self.update(inode, |a| {
             a.put(inode + I_VERSION, version)?;
             a.put(inode + I_BLOCKS, blocks)?;
@@ -279,7 +274,7 @@ impl Namespace {
     }
 
     /// Sets a file's size; pages wholly past the new end are dropped (to
-    /// [`Namespace::take_replaced`]).
+    /// [`Namespace::drain_replaced`]).
     pub fn truncate_file(&mut self, inode: u64, size: u64, time: i64) -> Result<(), Errno> {
         let keep = size.div_ceil(PAGE);
         // The size first: a reader that still sees the old size may read
@@ -316,7 +311,7 @@ impl Namespace {
     }
 
     /// Retires a file's map nodes and gives its pages to
-    /// [`Namespace::take_replaced`] (the file is being dropped).
+    /// [`Namespace::drain_replaced`] (the file is being dropped).
     pub(super) fn drop_map(&mut self, inode: u64) -> Result<(), Errno> {
         let w = self.map_ref(inode);
         let mut pages = Vec::new();

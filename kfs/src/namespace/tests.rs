@@ -363,7 +363,8 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     // A freed entry as the "found" of an unlink hint.
     let h = hint_for(&ns, "d/f8");
     unlink(&mut ns, "d/f8", false).unwrap();
-    ns.reclaim(std::iter::empty()).unwrap();
+    let epoch = ns.advance_epoch().unwrap();
+    ns.free_retired(epoch).unwrap();
     assert!(!ns.reader().is_live(h.found, TAG_DIRENT, None));
     let req = Request::Unlink {
         path: b"d/f8",
@@ -483,7 +484,8 @@ fn requests_whose_every_address_is_stale_still_do_the_right_thing() {
         unlink(&mut ns, &format!("d/f{i}"), false).unwrap();
         create(&mut ns, &format!("d/f{i}")).unwrap();
     }
-    ns.reclaim(std::iter::empty()).unwrap();
+    let epoch = ns.advance_epoch().unwrap();
+    ns.free_retired(epoch).unwrap();
     let stale_before = ns.hint_stats().stale;
     for (i, h) in hints.iter().enumerate() {
         let path = format!("d/f{i}");

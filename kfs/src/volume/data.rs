@@ -30,14 +30,6 @@ pub const POOL_MAX: u32 = 4096;
 /// Reclamation rounds a grant waits for replaced pages before `ENOSPC`.
 const GRANT_TRIES: u32 = 10_000;
 
-/// A file's write lease: the one client that may commit to it, and how
-/// many of its opens write.
-#[derive(Debug, Clone, Copy)]
-struct Lease {
-    client: u32,
-    writers: u32,
-}
-
 /// What Kfs keeps about one attached client.
 #[derive(Debug, Default)]
 pub(crate) struct ClientData {
@@ -62,7 +54,9 @@ struct Pending {
 /// Leases and clients.
 #[derive(Debug, Default)]
 pub(crate) struct DataState {
-    leases: HashMap<u64, Lease>,
+    /// Write leases: file -> the one client that may commit to it (while
+    /// it has the file open for writing).
+    leases: HashMap<u64, u32>,
     clients: HashMap<u32, ClientData>,
 }
 
@@ -95,7 +89,7 @@ impl Volume {
         for slot in pending {
             flush_pending(&mut c, slot);
         }
-        self.data.leases.retain(|_, l| l.client != client);
+        self.data.leases.retain(|_, &mut c| c != client);
         self.pages.release_client(client);
         for (ino, (n, _)) in c.opens {
             for _ in 0..n {
@@ -128,14 +122,6 @@ impl Volume {
                 extents,
             } => self.commit(ino, first, size, &extents, caller),
             Request::Truncate { ino, size } => self.truncate(ino, size, caller),
-            Request::ReleasePool => {
-                let h = holder(caller);
-                if let Some(c) = self.data.clients.get_mut(&caller.client) {
-                    flush_pending(c, caller.slot);
-                }
-                self.pages.release(h);
-                Ok(Reply::default())
-            }
             _ => return None,
         })
     }
@@ -183,13 +169,15 @@ impl Volume {
         if kind == Kind::Dir && (write || flags & open::TRUNC != 0) {
             return Err(Errno::EISDIR);
         }
-        if write {
-            if let Some(l) = self.data.leases.get(&ino) {
-                if l.client != caller.client {
-                    // Another process holds the write lease.
-                    return Err(Errno::ETXTBSY);
-                }
-            }
+        if write
+            && self
+                .data
+                .leases
+                .get(&ino)
+                .is_some_and(|&c| c != caller.client)
+        {
+            // Another process holds the write lease.
+            return Err(Errno::ETXTBSY);
         }
         if write && flags & open::TRUNC != 0 && self.ns.shm_u64(inode + I_SIZE) != 0 {
             self.set_size(inode, ino, 0)?;
@@ -208,14 +196,7 @@ impl Volume {
             o.0 += 1;
             o.1 += u32::from(write);
             if write {
-                self.data
-                    .leases
-                    .entry(ino)
-                    .or_insert(Lease {
-                        client: caller.client,
-                        writers: 0,
-                    })
-                    .writers += 1;
+                self.data.leases.insert(ino, caller.client);
             }
         }
         Ok(reply)
@@ -231,33 +212,25 @@ impl Volume {
         }
         o.0 -= 1;
         o.1 -= u32::from(write);
-        if o.0 == 0 {
+        let (opens, writes) = *o;
+        if opens == 0 {
             c.opens.remove(&ino);
         }
-        if write {
-            if let Some(l) = self.data.leases.get_mut(&ino) {
-                l.writers -= 1;
-                if l.writers == 0 {
-                    self.data.leases.remove(&ino);
-                }
-            }
+        if write && writes == 0 {
+            self.data.leases.remove(&ino);
         }
         self.ns.unpin(ino)?;
         self.retire_replaced();
         Ok(Reply::default())
     }
 
-    /// The inode of a file `caller` holds the write lease of.
+    /// The inode of a file `caller` holds the write lease of. A lease is
+    /// only taken on a regular file, which stays while it is open.
     fn leased(&self, ino: u64, caller: Caller) -> Result<u64, Errno> {
-        match self.data.leases.get(&ino) {
-            Some(l) if l.client == caller.client => {}
-            _ => return Err(Errno::EBADF),
+        if self.data.leases.get(&ino) != Some(&caller.client) {
+            return Err(Errno::EBADF);
         }
-        let inode = self.ns.file_inode(ino)?;
-        if self.ns.reader().kind(inode) != Some(Kind::File) {
-            return Err(Errno::EINVAL);
-        }
-        Ok(inode)
+        self.ns.file_inode(ino)
     }
 
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
@@ -354,7 +327,6 @@ impl Volume {
         let n = extents.pages();
         if n == 0
             || n > COMMIT_PAGES_MAX
-            || extents.as_slice().iter().any(|e| e.len == 0)
             || first.checked_add(n).is_none_or(|end| end > MAX_FILE_PAGES)
             || size > MAX_FILE_SIZE
         {

@@ -172,3 +172,139 @@ fn every_crash_image_of_a_create_recovers_to_before_or_after() {
         );
     }
 }
+
+/// Write leases and pools belong to a client: a second client cannot open a
+/// leased file for writing, nor commit pages of another client's pool, and
+/// a client that goes away gives back its leases, its opens (dropping an
+/// unlinked file it kept) and its unused pool pages.
+#[test]
+fn a_detached_client_loses_its_leases_opens_and_pools() {
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let mut v = Volume::open(&path).unwrap();
+    let other = Caller { client: 1, ..ME };
+    v.attach_client(0, None, Default::default());
+    v.attach_client(1, None, Default::default());
+    let open = |v: &mut Volume, who: Caller, path: &str| {
+        v.handle(
+            &Request::Open {
+                path: path.as_bytes(),
+                flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::CREATE,
+                mode: 0o644,
+                hint: None,
+            },
+            who,
+        )
+    };
+    let f = open(&mut v, ME, "f");
+    assert_eq!(f.errno, 0);
+    assert_eq!(open(&mut v, other, "f").errno, libc::ETXTBSY);
+    let free = v.pages().free_pages();
+    let g = v.handle(&Request::Grant { pages: 8 }, ME);
+    assert_eq!((g.errno, g.value), (0, 8));
+    let mut extents = kucofs_common::proto::Extents::new();
+    extents.push(g.inode, 1);
+    let commit = Request::Commit {
+        ino: f.ino,
+        first: 0,
+        size: 10,
+        extents,
+    };
+    // Not the lease holder: refused; the holder: accepted.
+    assert_eq!(v.handle(&commit, other).errno, libc::EBADF);
+    assert_eq!(v.handle(&commit, ME).errno, 0);
+    // Unlinked while open, the file stays until its opener goes.
+    assert_eq!(
+        v.handle(
+            &Request::Unlink {
+                path: b"f",
+                rmdir: false,
+                hint: None
+            },
+            ME
+        )
+        .errno,
+        0
+    );
+    assert_eq!(v.namespace().file_inode(f.ino), Ok(f.inode));
+    v.detach_client(0).unwrap();
+    assert_eq!(v.namespace().file_inode(f.ino), Err(Errno::ENOENT));
+    // Seven unused pool pages came back at once; the committed one waits
+    // for its grace period.
+    assert_eq!(v.pages().free_pages(), free - 1);
+    assert!(v.reclaim_now() > 0);
+    assert_eq!(v.pages().free_pages(), free);
+    let g2 = open(&mut v, other, "f");
+    assert_eq!(g2.errno, 0);
+    v.close().unwrap();
+}
+
+/// The permissions of the page at `addr` in this process, from
+/// `/proc/self/maps` (e.g. "r--s" or "rw-s").
+fn page_perms(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find_map(|l| {
+            let (range, rest) = l.split_once(' ')?;
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            );
+            (a <= addr && addr < b).then(|| rest[..4].to_owned())
+        })
+        .unwrap()
+}
+
+/// Pool pages are writable in the client's view; a commit makes its pages
+/// read-only again at once under strict protection, and under batched
+/// protection once `BATCH_TIME` has passed (when Kfs next keeps house).
+#[test]
+fn committed_pages_become_read_only_as_the_protection_mode_says() {
+    use kucofs_common::pm::{Protection, BATCH_TIME};
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let mut v = Volume::open(&path).unwrap();
+    let view = v.image().region().view().unwrap();
+    let at = |page: u64| view.address() + (page * 4096) as usize;
+    for (client, mode) in [(0, Protection::Strict), (1, Protection::Batched)] {
+        let me = Caller { client, ..ME };
+        v.attach_client(client, Some(view.protector()), mode);
+        let f = v.handle(
+            &Request::Open {
+                path: format!("f{client}").as_bytes(),
+                flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::CREATE,
+                mode: 0o644,
+                hint: None,
+            },
+            me,
+        );
+        assert_eq!(f.errno, 0);
+        let g = v.handle(&Request::Grant { pages: 4 }, me);
+        assert_eq!(g.errno, 0);
+        assert_eq!(&page_perms(at(g.inode))[..2], "rw");
+        let mut extents = kucofs_common::proto::Extents::new();
+        extents.push(g.inode, 1);
+        let commit = Request::Commit {
+            ino: f.ino,
+            first: 0,
+            size: 1,
+            extents,
+        };
+        assert_eq!(v.handle(&commit, me).errno, 0);
+        match mode {
+            Protection::Strict => assert_eq!(&page_perms(at(g.inode))[..2], "r-"),
+            _ => {
+                assert_eq!(&page_perms(at(g.inode))[..2], "rw");
+                std::thread::sleep(BATCH_TIME + std::time::Duration::from_millis(2));
+                v.expire_protection();
+                assert_eq!(&page_perms(at(g.inode))[..2], "r-");
+            }
+        }
+        // The rest of the pool stays writable.
+        assert_eq!(&page_perms(at(g.inode + 1))[..2], "rw");
+    }
+    v.close().unwrap();
+}
