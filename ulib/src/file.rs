@@ -446,8 +446,9 @@ impl File {
 
     fn write_pos(&self, buf: &[u8]) -> io::Result<usize> {
         if self.append {
-            if !self.write {
-                return Err(err(Errno::EBADF));
+            // Like Linux: appending nothing neither writes nor moves.
+            if buf.is_empty() {
+                return Ok(0);
             }
             let at = self.append(buf)?;
             self.pos.store(at + buf.len() as u64, Ordering::Relaxed);
