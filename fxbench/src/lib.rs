@@ -10,12 +10,15 @@
 //! every backend; the [`report`] puts them side by side, the first backend
 //! as the baseline, with the bandwidth of the data workloads. The
 //! persistence primitives are benchmarked by `cargo bench -p
-//! kucofs-common`.
+//! kucofs-common`; [`medium`] measures what the machine charges for the
+//! data path's building blocks (page protection, persisting a page, a
+//! read through a view with small pages).
 
 pub mod backend;
 pub mod error;
 pub mod harness;
 pub mod machine;
+pub mod medium;
 pub mod report;
 pub mod rng;
 pub mod size;

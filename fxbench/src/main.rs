@@ -28,6 +28,35 @@ enum Command {
     Run(RunArgs),
     /// List the workloads, metadata then data.
     List,
+    /// Measure what the machine charges for the data path's building
+    /// blocks: page protection changes, persisting a page, random reads
+    /// through a view of small pages.
+    Medium(MediumArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct MediumArgs {
+    /// Directory for the scratch images (an emulated region's default
+    /// home).
+    #[arg(long, default_value = "/dev/shm")]
+    dir: PathBuf,
+    /// Also write the figures as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn medium(args: MediumArgs) -> anyhow::Result<()> {
+    let m = fxbench::medium::measure(&args.dir)?;
+    print!("{}", m.table());
+    if let Some(path) = args.json {
+        let text = serde_json::to_string_pretty(&serde_json::json!({
+            "machine": Machine::describe(),
+            "medium": m,
+        }))?;
+        std::fs::write(&path, text + "\n")
+            .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -133,6 +162,7 @@ fn main() -> ExitCode {
             list();
             Ok(())
         }
+        Command::Medium(args) => medium(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

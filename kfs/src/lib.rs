@@ -8,6 +8,7 @@ pub mod checkpoint;
 mod error;
 pub mod fsck;
 pub mod image;
+mod intmap;
 pub mod log;
 pub mod namespace;
 pub mod pages;

@@ -86,7 +86,7 @@ pub struct Namespace {
     scratch: Vec<u64>,
     /// Open counts of files some client has open: an unlinked file stays
     /// until its last close.
-    open: std::collections::HashMap<u64, u32>,
+    open: crate::intmap::IntMap<u64, u32>,
 }
 
 /// Nanoseconds since the Unix epoch.
@@ -111,7 +111,7 @@ impl Namespace {
             hints: HintStats::default(),
             replaced: Vec::new(),
             scratch: Vec::new(),
-            open: std::collections::HashMap::new(),
+            open: crate::intmap::IntMap::default(),
         };
         let root_inode = ns.new_inode(
             ROOT_INO,

@@ -102,6 +102,28 @@ pub const fn capacity(height: u32) -> u64 {
     c
 }
 
+/// The slot that page `page` takes in a node `level` levels above the
+/// leaves (0 for a leaf). Each arm divides by a constant, which compiles
+/// to multiplications: a division by a computed power of [`FANOUT`] on
+/// every level of every walk would cost more than the walk's loads.
+pub const fn digit(page: u64, level: u32) -> u64 {
+    const C0: u64 = capacity(0);
+    const C1: u64 = capacity(1);
+    const C2: u64 = capacity(2);
+    const C3: u64 = capacity(3);
+    const C4: u64 = capacity(4);
+    let above = match level {
+        0 => page,
+        1 => page / C0,
+        2 => page / C1,
+        3 => page / C2,
+        4 => page / C3,
+        5 => page / C4,
+        _ => page / capacity(level - 1),
+    };
+    above % FANOUT
+}
+
 /// Pages the map a map word names covers.
 pub const fn word_capacity(word: u64) -> u64 {
     if word == 0 {
@@ -169,7 +191,7 @@ impl<W: Words + ?Sized> EntrySource for MapReader<'_, W> {
         if w & MAP_SMALL == 0 {
             let mut level = (w & MAP_HEIGHT) as u32;
             while level > 0 {
-                let digit = page / capacity(level - 1) % FANOUT;
+                let digit = digit(page, level);
                 // Acquire: pairs with Kfs's Release store of a child link,
                 // made after the child was zeroed.
                 node = self
@@ -184,7 +206,7 @@ impl<W: Words + ?Sized> EntrySource for MapReader<'_, W> {
         let digit = if w & MAP_SMALL != 0 {
             page
         } else {
-            page % FANOUT
+            digit(page, 0)
         };
         // Acquire: pairs with Kfs's Release store of the entry, made after
         // the page's data was persisted.

@@ -58,7 +58,7 @@ impl MapWriter<'_> {
         let mut node = w & MAP_ROOT;
         let mut level = (w & MAP_HEIGHT) as u32;
         while level > 0 {
-            let at = node + N_SLOTS + 8 * (page / capacity(level - 1) % FANOUT);
+            let at = node + N_SLOTS + 8 * blockmap::digit(page, level);
             let mut child = self.arena.get(at);
             if child == 0 {
                 child = self.arena.alloc(TAG_MAPNODE, NODE_SIZE)?;
@@ -126,14 +126,14 @@ impl MapRef<'_> {
         }
         let mut level = (w & MAP_HEIGHT) as u32;
         while level > 0 {
-            let digit = page / capacity(level - 1) % FANOUT;
+            let digit = blockmap::digit(page, level);
             node = self.arena.get(node + N_SLOTS + 8 * digit);
             if node == 0 {
                 return None;
             }
             level -= 1;
         }
-        Some(node + N_SLOTS + 8 * (page % FANOUT))
+        Some(node + N_SLOTS + 8 * blockmap::digit(page, 0))
     }
 
     /// Calls `f(page, entry)` for every non-hole entry, in page order.

@@ -8,9 +8,6 @@
 //! pool, logs the commit durably, publishes the new block-map entries, and
 //! puts the replaced pages to wait for their grace period.
 
-use std::collections::HashMap;
-use std::time::Instant;
-
 use kucofs_common::index::blockmap::{
     entry_page, EntrySource, MapReader, MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE,
 };
@@ -21,6 +18,7 @@ use kucofs_common::proto::{open, Extents, Reply, Request, COMMIT_PAGES_MAX};
 use kucofs_common::Errno;
 
 use super::{Caller, Volume};
+use crate::intmap::IntMap;
 use crate::namespace::now_ns;
 use crate::pages::Holder;
 use crate::record::Record;
@@ -36,9 +34,9 @@ pub(crate) struct ClientData {
     protector: Option<Protector>,
     protection: Protection,
     /// Open files: ino -> (opens, write opens).
-    opens: HashMap<u64, (u32, u32)>,
+    opens: IntMap<u64, (u32, u32)>,
     /// Committed pages still writable, per slot (batched protection).
-    pending: HashMap<u32, Pending>,
+    pending: IntMap<u32, Pending>,
     /// Data pages (index: page - first data page) already faulted into the
     /// client's view; the others are faulted in when granted.
     mapped: Vec<bool>,
@@ -48,7 +46,17 @@ pub(crate) struct ClientData {
 struct Pending {
     runs: Vec<(u64, u64)>,
     pages: u64,
-    since: Instant,
+    /// When the first of them was committed ([`now_ns`]; the commit's
+    /// own clock reading, so that batching costs no clock read of its
+    /// own).
+    since: i64,
+}
+
+/// True once a batch opened at `since` has been open [`BATCH_TIME`] at
+/// `now`, or if the clock went back (a batch must not outlive its bound
+/// because the wall clock was set back).
+fn batch_expired(since: i64, now: i64) -> bool {
+    now < since || (now - since) as u128 >= BATCH_TIME.as_nanos()
 }
 
 /// Leases and clients.
@@ -56,8 +64,8 @@ struct Pending {
 pub(crate) struct DataState {
     /// Write leases: file -> the one client that may commit to it (while
     /// it has the file open for writing).
-    leases: HashMap<u64, u32>,
-    clients: HashMap<u32, ClientData>,
+    leases: IntMap<u64, u32>,
+    clients: IntMap<u32, ClientData>,
 }
 
 impl Volume {
@@ -367,7 +375,7 @@ impl Volume {
         }
         self.ns.write_pages(inode, first, pages, new_size, time)?;
         self.retire_replaced();
-        self.after_commit(caller, extents);
+        self.after_commit(caller, extents, time);
         self.maybe_checkpoint();
         Ok(Reply {
             ino,
@@ -414,7 +422,7 @@ impl Volume {
 
     /// Makes committed pages read-only again as the client's protection
     /// mode says.
-    fn after_commit(&mut self, caller: Caller, extents: &Extents) {
+    fn after_commit(&mut self, caller: Caller, extents: &Extents, now: i64) {
         let Some(c) = self.data.clients.get_mut(&caller.client) else {
             return;
         };
@@ -432,10 +440,10 @@ impl Volume {
                 let pend = c.pending.entry(caller.slot).or_insert_with(|| Pending {
                     runs: Vec::new(),
                     pages: 0,
-                    since: Instant::now(),
+                    since: now,
                 });
                 if pend.runs.is_empty() {
-                    pend.since = Instant::now();
+                    pend.since = now;
                 }
                 for e in extents.as_slice() {
                     let (s, l) = (e.start, u64::from(e.len));
@@ -445,7 +453,7 @@ impl Volume {
                     }
                     pend.pages += l;
                 }
-                if pend.pages >= BATCH_PAGES || pend.since.elapsed() >= BATCH_TIME {
+                if pend.pages >= BATCH_PAGES || batch_expired(pend.since, now) {
                     flush_pending(c, caller.slot);
                 }
             }
@@ -455,11 +463,12 @@ impl Volume {
     /// Makes read-only the committed pages that have stayed writable for
     /// [`BATCH_TIME`] (Kfs calls this while idle).
     pub fn expire_protection(&mut self) {
+        let now = now_ns();
         for c in self.data.clients.values_mut() {
             let due: Vec<u32> = c
                 .pending
                 .iter()
-                .filter(|(_, p)| !p.runs.is_empty() && p.since.elapsed() >= BATCH_TIME)
+                .filter(|(_, p)| !p.runs.is_empty() && batch_expired(p.since, now))
                 .map(|(&s, _)| s)
                 .collect();
             for slot in due {

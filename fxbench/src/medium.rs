@@ -1,0 +1,339 @@
+//! `fxbench medium`: what the machine charges for the operations KucoFS's
+//! data path is built from, measured through the project's own region
+//! code, so that the data workloads' figures can be read against them.
+//!
+//! - **Page protection** ([`Protector::set`], i.e. `mprotect` on a client's
+//!   read-only view): a one-page flip there and back (`strict` pays it per
+//!   commit) and a 256-page range there and back, per page (`batched`
+//!   pays it per page written), each alone and with a second thread of the
+//!   process busy on another CPU, as the Kfs thread is. A flip changes the
+//!   page tables of a process that runs on other CPUs too, so the kernel
+//!   interrupts them to drop stale translations.
+//! - **Persisting 4 KiB** the way a copy-on-write overwrite does
+//!   (non-temporal copy into a page at a random offset, then a fence),
+//!   next to what an in-place overwrite of one cached page costs (a plain
+//!   copy into the same page each time, as a page-cache write does).
+//! - **Random 4 KiB reads** through a client's view of an emulated region
+//!   (a shared file mapping, 4 KiB pages), next to the same reads from
+//!   memory mapped with 2 MiB pages where the kernel grants them (a
+//!   kernel file system reads through its own map of all memory, which
+//!   uses large pages). Each read of the view at a random page misses the
+//!   TLB; under virtualisation that walk is two-dimensional.
+//!
+//! Every figure is nanoseconds per operation, the median of [`ROUNDS`].
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use kucofs_common::pm::{Region, RegionView};
+use serde::Serialize;
+
+use crate::rng::XorShift64;
+
+/// Repetitions of each measurement; the median is reported.
+pub const ROUNDS: usize = 5;
+/// Region for the protection and persistence figures.
+const SMALL: u64 = 64 << 20;
+/// Region (and huge-page buffer) for the random reads: larger than any
+/// last-level cache, as RNDRD's file is.
+const LARGE: u64 = 256 << 20;
+const PAGE: u64 = 4096;
+const HUGE: usize = 2 << 20;
+
+/// One measured figure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    /// What was measured.
+    pub what: &'static str,
+    /// Nanoseconds per operation (median of [`ROUNDS`]).
+    pub ns: f64,
+    /// What one operation is.
+    pub per: &'static str,
+}
+
+/// Everything `fxbench medium` measures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Medium {
+    /// The figures, in the order printed.
+    pub figures: Vec<Figure>,
+    /// Whether the kernel backed the comparison buffer with 2 MiB pages
+    /// (if not, the two read figures compare 4 KiB pages with 4 KiB pages).
+    pub huge_pages_granted: bool,
+}
+
+/// Measures everything, with scratch images under `dir` (removed after).
+pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
+    let mut figures = Vec::new();
+    {
+        let scratch = Scratch::new(dir, "protect")?;
+        let region = Region::create(&scratch.0, SMALL, true).context("create a scratch region")?;
+        region.prefault(0, SMALL);
+        let view = region.view().context("map a client view")?;
+        view_touch(&view, SMALL);
+        let protect = |pages: u64, iters: u64| -> anyhow::Result<f64> {
+            let p = view.protector();
+            let span = SMALL / PAGE - pages;
+            median(|| {
+                let t = Instant::now();
+                for i in 0..iters {
+                    let first = (i * pages) % span;
+                    p.set(first, pages, true)?;
+                    p.set(first, pages, false)?;
+                }
+                Ok(t.elapsed().as_nanos() as f64 / (iters * pages) as f64)
+            })
+        };
+        figures.push(Figure {
+            what: "protection: 1 page writable and back",
+            ns: protect(1, 2000)?,
+            per: "page",
+        });
+        figures.push(Figure {
+            what: "protection: 256 pages writable and back",
+            ns: protect(256, 40)?,
+            per: "page",
+        });
+        let busy = Busy::start();
+        figures.push(Figure {
+            what: "protection: 1 page, another thread running",
+            ns: protect(1, 2000)?,
+            per: "page",
+        });
+        figures.push(Figure {
+            what: "protection: 256 pages, another thread running",
+            ns: protect(256, 40)?,
+            per: "page",
+        });
+        drop(busy);
+
+        let data = vec![0x5au8; PAGE as usize];
+        let pages = SMALL / PAGE;
+        figures.push(Figure {
+            what: "persist 4 KiB: non-temporal copy + fence, random page",
+            ns: median(|| {
+                let mut rng = XorShift64::new(1);
+                let n = 100_000u64;
+                let t = Instant::now();
+                for _ in 0..n {
+                    region.write_nt(rng.next_u64() % pages * PAGE, &data)?;
+                    region.fence();
+                }
+                Ok(t.elapsed().as_nanos() as f64 / n as f64)
+            })?,
+            per: "4 KiB",
+        });
+        figures.push(Figure {
+            what: "overwrite 4 KiB in place: cached copy, same page",
+            ns: median(|| {
+                let n = 100_000u64;
+                let t = Instant::now();
+                for _ in 0..n {
+                    region.write(0, std::hint::black_box(&data))?;
+                }
+                Ok(t.elapsed().as_nanos() as f64 / n as f64)
+            })?,
+            per: "4 KiB",
+        });
+    }
+
+    let scratch = Scratch::new(dir, "read")?;
+    let region = Region::create(&scratch.0, LARGE, true).context("create a scratch region")?;
+    region.fill(0, LARGE, 1)?;
+    let view = region.view().context("map a client view")?;
+    view_touch(&view, LARGE);
+    let mut buf = vec![0u8; PAGE as usize];
+    let reads = 200_000u64;
+    figures.push(Figure {
+        what: "read 4 KiB at a random page: client view (4 KiB pages)",
+        ns: median(|| {
+            let mut rng = XorShift64::new(2);
+            let t = Instant::now();
+            for _ in 0..reads {
+                view.read(rng.next_u64() % (LARGE / PAGE) * PAGE, &mut buf)?;
+                std::hint::black_box(&buf);
+            }
+            Ok(t.elapsed().as_nanos() as f64 / reads as f64)
+        })?,
+        per: "4 KiB",
+    });
+    drop(view);
+    drop(region);
+    drop(scratch);
+
+    let before = anon_huge_kib();
+    let mut big = vec![0u8; LARGE as usize + HUGE];
+    let skip = big.as_ptr().align_offset(HUGE);
+    let aligned = &mut big[skip..skip + LARGE as usize];
+    // SAFETY: the range is the live, writable, 2 MiB-aligned slice
+    // `aligned` of `big`; MADV_HUGEPAGE only asks the kernel to back it
+    // with larger pages and changes no contents.
+    let _ = unsafe {
+        rustix::mm::madvise(
+            aligned.as_mut_ptr().cast(),
+            aligned.len(),
+            rustix::mm::Advice::LinuxHugepage,
+        )
+    };
+    aligned.fill(1);
+    let huge_pages_granted = anon_huge_kib().saturating_sub(before) >= (LARGE >> 11);
+    figures.push(Figure {
+        what: "read 4 KiB at a random page: memory on 2 MiB pages",
+        ns: median(|| {
+            let mut rng = XorShift64::new(2);
+            let t = Instant::now();
+            for _ in 0..reads {
+                let at = (rng.next_u64() % (LARGE / PAGE) * PAGE) as usize;
+                buf.copy_from_slice(&aligned[at..at + PAGE as usize]);
+                std::hint::black_box(&buf);
+            }
+            Ok(t.elapsed().as_nanos() as f64 / reads as f64)
+        })?,
+        per: "4 KiB",
+    });
+    Ok(Medium {
+        figures,
+        huge_pages_granted,
+    })
+}
+
+impl Medium {
+    /// The figures as a table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        for f in &self.figures {
+            s += &format!("{:<58} {:>9.1} ns per {}\n", f.what, f.ns, f.per);
+        }
+        if !self.huge_pages_granted {
+            s += "(the kernel did not grant 2 MiB pages: the last two reads compare like with like)\n";
+        }
+        s
+    }
+}
+
+/// The median of [`ROUNDS`] runs of `f`.
+fn median(mut f: impl FnMut() -> anyhow::Result<f64>) -> anyhow::Result<f64> {
+    let mut v = (0..ROUNDS)
+        .map(|_| f())
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    v.sort_by(f64::total_cmp);
+    Ok(v[ROUNDS / 2])
+}
+
+/// Reads every page of a view once, so that later reads pay for a missed
+/// translation, not for a first fault.
+fn view_touch(view: &RegionView, len: u64) {
+    let mut b = [0u8; 1];
+    for off in (0..len).step_by(PAGE as usize) {
+        let _ = view.read(off, &mut b);
+    }
+}
+
+/// Kilobytes of this process's anonymous memory on huge pages.
+fn anon_huge_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("AnonHugePages:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A thread spinning on another CPU until dropped.
+struct Busy {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Busy {
+    fn start() -> Busy {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            // Relaxed: only the stop request crosses threads, and a late
+            // sight of it costs a few more spins.
+            while !s.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        Busy {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A scratch image path, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(dir: &Path, what: &str) -> anyhow::Result<Scratch> {
+        anyhow::ensure!(
+            dir.is_dir(),
+            "{} is not a directory (the scratch images go there)",
+            dir.display()
+        );
+        Ok(Scratch(dir.join(format!(
+            "fxbench-medium-{what}-{}.img",
+            std::process::id()
+        ))))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_directory_is_refused_by_name() {
+        let e = measure(Path::new("/nonexistent/fxbench")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/fxbench"), "{e}");
+    }
+
+    #[test]
+    fn every_figure_is_measured() {
+        let dir = Path::new("/dev/shm");
+        if !dir.is_dir() {
+            println!("SKIPPED: no /dev/shm for the scratch regions");
+            return;
+        }
+        let m = measure(dir).unwrap();
+        assert_eq!(m.figures.len(), 8);
+        for f in &m.figures {
+            assert!(f.ns.is_finite() && f.ns > 0.0, "{}: {}", f.what, f.ns);
+        }
+        // A flip of a range costs less per page than a flip of one page:
+        // the call, the walk and the translation flush are shared.
+        assert!(m.figures[1].ns < m.figures[0].ns, "{}", m.table());
+        assert!(m.table().lines().count() >= 8);
+        let leftovers = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .contains(&format!("fxbench-medium-read-{}", std::process::id()))
+            })
+            .count();
+        assert_eq!(leftovers, 0, "scratch images are removed");
+    }
+}
