@@ -157,6 +157,12 @@ impl Segment {
                 let w = shm.try_load_u32(wake, Ordering::SeqCst).map_err(io)?;
                 shm.store_u32(self.word(slot, S_WAITING), 1, Ordering::SeqCst)
                     .map_err(io)?;
+                // SeqCst fence: the flag is ordered before the re-check's
+                // load (pairs with Kfs's fence between its reply sequence
+                // store and its load of the flag). Without it the re-check,
+                // an Acquire load, could miss the reply while Kfs misses the
+                // flag, and the client would sleep out its timeout.
+                std::sync::atomic::fence(Ordering::SeqCst);
                 if !done().map_err(io)? {
                     shm.futex_wait(wake, w, Some(Duration::from_millis(100)))
                         .map_err(io)?;
