@@ -166,3 +166,59 @@ fn a_full_file_system_refuses_writes_cleanly_and_recovers_room() {
     let report = kucofs_kfs::fsck(&image).expect("fsck runs");
     assert!(report.problems.is_empty(), "{report}");
 }
+
+/// With free space only in single scattered pages, grants hand out one
+/// page each, so a long write needs more runs than one commit carries: it
+/// commits what it has and asks again, and every free page can be used.
+#[test]
+fn scattered_free_pages_can_all_be_written() {
+    let Some(dir) = support::shm_dir("kucofs-scattered-") else {
+        return;
+    };
+    let image = dir.path().join("img");
+    let page = 4096usize;
+    let fs = Fs::create(&image, IMAGE_SIZE).expect("mkfs and open");
+    // Fill the data area with one-page files.
+    let mut files = 0u32;
+    loop {
+        let f = match File::create(&fs, format!("f{files}")) {
+            Ok(f) => f,
+            Err(e) if is_enospc(&e) => break,
+            Err(e) => panic!("create f{files}: {e}"),
+        };
+        match f.write_at(&pattern(files as u8, 0, page), 0) {
+            Ok(n) => assert_eq!(n, page),
+            Err(e) if is_enospc(&e) => {
+                drop(f);
+                fs.remove_file(format!("f{files}")).expect("remove the empty file");
+                break;
+            }
+            Err(e) => panic!("write f{files}: {e}"),
+        }
+        files += 1;
+    }
+    assert!(files > 64, "only {files} one-page files fit");
+    // Free every other page, then reopen so that the pool is given back
+    // and the free space is those single pages.
+    for i in (0..files).step_by(2) {
+        fs.remove_file(format!("f{i}")).expect("remove");
+    }
+    fs.close().expect("close");
+    let fs = Fs::open(&image).expect("reopen");
+    let freed = files.div_ceil(2) as usize;
+    let big = pattern(0xa5, 0, freed * page);
+    let f = File::create(&fs, "big").expect("create big");
+    assert_eq!(
+        f.write_at(&big, 0).expect("write into scattered pages"),
+        big.len(),
+        "every freed page takes data"
+    );
+    drop(f);
+    assert_contents(&fs, "big", 0xa5, big.len() as u64);
+    for i in (1..files).step_by(2) {
+        assert_contents(&fs, &format!("f{i}"), i as u8, page as u64);
+    }
+    fs.close().expect("close");
+    let report = kucofs_kfs::fsck(&image).expect("fsck runs");
+    assert!(report.problems.is_empty(), "{report}");
+}

@@ -321,13 +321,15 @@ impl File {
         let mut at = offset;
         while at < end {
             let first = at / PAGE;
-            let chunk_end = end.min((first + COMMIT_PAGES_MAX) * PAGE);
-            let n = (chunk_end - 1) / PAGE - first + 1;
+            let want_end = end.min((first + COMMIT_PAGES_MAX) * PAGE);
+            let n = (want_end - 1) / PAGE - first + 1;
             let extents = match fs.take_pages(slot, n) {
                 Ok(e) => e,
                 Err(e) if at > offset && e.raw_os_error() == Some(libc::ENOSPC) => break,
                 Err(e) => return Err(e),
             };
+            // Fewer pages than asked: this commit covers what they hold.
+            let chunk_end = want_end.min((first + extents.pages()) * PAGE);
             let data = &buf[(at - offset) as usize..(chunk_end - offset) as usize];
             if at % PAGE == 0 && chunk_end % PAGE == 0 {
                 // Whole pages: no old bytes to keep, so no need to read

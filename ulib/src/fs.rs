@@ -209,44 +209,27 @@ impl Inner {
         self.call_as(slot, req)
     }
 
-    /// Takes `n` pages from `slot`'s pool, asking Kfs for more when it runs
-    /// out (`ENOSPC` when Kfs has none).
+    /// Takes up to `n` pages from `slot`'s pool, asking Kfs for more when
+    /// it runs out. Fewer come back when a commit's extents are full or Kfs
+    /// runs out after some were taken (the caller writes less, and asks
+    /// again); `ENOSPC` only when none could be taken. Pages not taken stay
+    /// in the pool.
     pub(crate) fn take_pages(&self, slot: usize, n: u64) -> io::Result<Extents> {
         let mut pool = self.pools[slot].lock();
         let mut out = Extents::new();
-        let mut need = n;
-        while need > 0 {
+        while out.pages() < n {
             if pool.0 == pool.1 {
-                let r = self.call_as(
-                    slot,
-                    &Request::Grant {
-                        pages: POOL_PAGES.max(need as u32),
-                    },
-                );
-                match r {
+                match self.call_as(slot, &Request::Grant { pages: POOL_PAGES }) {
                     Ok(r) => *pool = (r.inode, r.inode + r.value),
-                    Err(e) => {
-                        // Give back what this request took, for the next.
-                        if let Some(first) = out.as_slice().first() {
-                            if out.as_slice().len() == 1
-                                && first.start + u64::from(first.len) == pool.0
-                            {
-                                pool.0 = first.start;
-                            }
-                        }
-                        return Err(e);
-                    }
+                    Err(_) if out.pages() > 0 => break,
+                    Err(e) => return Err(e),
                 }
             }
-            let k = need.min(pool.1 - pool.0);
+            let k = (n - out.pages()).min(pool.1 - pool.0);
             if !out.push(pool.0, k as u32) {
-                // More runs than a commit carries: the rest of this pool
-                // stays for later; ask for a fresh run.
-                *pool = (0, 0);
-                continue;
+                break;
             }
             pool.0 += k;
-            need -= k;
         }
         Ok(out)
     }
