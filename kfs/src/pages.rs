@@ -179,15 +179,23 @@ impl Pages {
         Ok((start, take))
     }
 
+    /// Gives back a grant just made, `(start, n)` from [`Pages::grant`],
+    /// that could not be handed over; the holder's other pool pages stay.
+    pub fn ungrant(&mut self, start: u64, n: u64) {
+        for p in start..start + n {
+            self.set(p, FREE);
+        }
+        self.free_pages += n;
+        self.free_run(start, n);
+    }
+
     /// Checks that every page of `pages` is in `h`'s pool and unused, with
     /// none named twice; then moves them into a file.
     pub fn take(&mut self, h: Holder, pages: &[u64]) -> Result<(), Errno> {
         let mark = h.state().ok_or(Errno::EINVAL)?;
         for (i, &p) in pages.iter().enumerate() {
             if p < self.first || p >= self.end || self.state(p) != mark {
-                for &q in &pages[..i] {
-                    self.set(q, mark);
-                }
+                self.untake(h, &pages[..i]);
                 return Err(Errno::EINVAL);
             }
             // Marked as we go, so that a page named twice fails the check.
@@ -278,6 +286,7 @@ impl Pages {
         freed
     }
 
+    #[cfg(test)]
     /// Frees the unused pages of `h`'s pool; returns how many.
     pub fn release(&mut self, h: Holder) -> u64 {
         match h.state() {
@@ -362,5 +371,20 @@ mod tests {
         let p = Pages::new(&g, [g.data.start + 3]).unwrap();
         assert_eq!(p.used_pages(), 1);
         assert_eq!(p.used_bitmap()[0], 1 << 3);
+    }
+
+    #[test]
+    fn an_ungranted_pool_run_comes_back_and_the_earlier_one_stays() {
+        let g = geometry();
+        let mut p = Pages::new(&g, []).unwrap();
+        let total = p.free_pages();
+        let (s1, n1) = p.grant(A, 8).unwrap();
+        let (s2, n2) = p.grant(A, 8).unwrap();
+        p.ungrant(s2, n2);
+        assert_eq!(p.free_pages(), total - n1);
+        assert_eq!(p.take(A, &[s2]), Err(Errno::EINVAL));
+        p.take(A, &[s1 + n1 - 1]).unwrap();
+        // The run merged back: the next grant starts where it did.
+        assert_eq!(p.grant(B, 8).unwrap().0, s2);
     }
 }

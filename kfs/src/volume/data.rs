@@ -275,7 +275,7 @@ impl Volume {
         }
         if let Some(p) = &c.protector {
             if p.set(start, n, true).is_err() {
-                self.pages.release(h);
+                self.pages.ungrant(start, n);
                 return Err(Errno::EIO);
             }
             // Fault in, in runs, the pages this view never had.
