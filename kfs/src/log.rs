@@ -128,11 +128,11 @@ impl Log {
     /// Starts over at the area's beginning after a checkpoint that covers
     /// everything before `next_seq`. Old entries need no erasing: their
     /// sequence numbers are all lower, so a scan from `next_seq` stops at
-    /// them.
+    /// them. The pages written so far stay allocated, so `prefaulted`
+    /// stays where it is.
     pub fn restart(&mut self) {
         self.pos = 0;
         self.published.store(0, Ordering::Relaxed);
         self.entries = 0;
-        self.prefaulted = 0;
     }
 }
