@@ -190,7 +190,8 @@ fn scattered_free_pages_can_all_be_written() {
             Ok(n) => assert_eq!(n, page),
             Err(e) if is_enospc(&e) => {
                 drop(f);
-                fs.remove_file(format!("f{files}")).expect("remove the empty file");
+                fs.remove_file(format!("f{files}"))
+                    .expect("remove the empty file");
                 break;
             }
             Err(e) => panic!("write f{files}: {e}"),

@@ -709,6 +709,14 @@ mod tests {
     }
 
     #[test]
+    fn every_kind_is_listed_at_its_own_index() {
+        for (i, k) in RequestKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}");
+        }
+        assert_eq!(RequestKind::ALL.last(), Some(&RequestKind::Malformed));
+    }
+
+    #[test]
     fn oversized_paths_are_refused_when_encoding() {
         let long = vec![b'a'; PATH_MAX];
         let mut buf = Vec::new();
