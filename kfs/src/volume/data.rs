@@ -42,7 +42,7 @@ pub(crate) struct ClientData {
     mapped: Vec<bool>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Pending {
     runs: Vec<(u64, u64)>,
     pages: u64,
@@ -93,9 +93,8 @@ impl Volume {
         let Some(mut c) = self.data.clients.remove(&client) else {
             return Ok(());
         };
-        let pending: Vec<u32> = c.pending.keys().copied().collect();
-        for slot in pending {
-            flush_pending(&mut c, slot);
+        for pend in c.pending.values_mut() {
+            pend.flush(c.protector.as_ref());
         }
         self.data.leases.retain(|_, &mut c| c != client);
         self.pages.release_client(client);
@@ -269,9 +268,8 @@ impl Volume {
         // been replaced, freed and granted again (to this pool or another
         // slot's): flip them now, before the grant makes pages writable, so
         // that no late flip takes a page from a pool.
-        let slots: Vec<u32> = c.pending.keys().copied().collect();
-        for slot in slots {
-            flush_pending(c, slot);
+        for pend in c.pending.values_mut() {
+            pend.flush(c.protector.as_ref());
         }
         if let Some(p) = &c.protector {
             if p.set(start, n, true).is_err() {
@@ -426,7 +424,7 @@ impl Volume {
         let Some(c) = self.data.clients.get_mut(&caller.client) else {
             return;
         };
-        let Some(p) = c.protector.clone() else {
+        let Some(p) = c.protector.as_ref() else {
             return;
         };
         match c.protection {
@@ -437,11 +435,7 @@ impl Volume {
                 }
             }
             Protection::Batched => {
-                let pend = c.pending.entry(caller.slot).or_insert_with(|| Pending {
-                    runs: Vec::new(),
-                    pages: 0,
-                    since: now,
-                });
+                let pend = c.pending.entry(caller.slot).or_default();
                 if pend.runs.is_empty() {
                     pend.since = now;
                 }
@@ -454,7 +448,7 @@ impl Volume {
                     pend.pages += l;
                 }
                 if pend.pages >= BATCH_PAGES || batch_expired(pend.since, now) {
-                    flush_pending(c, caller.slot);
+                    pend.flush(Some(p));
                 }
             }
         }
@@ -465,14 +459,10 @@ impl Volume {
     pub fn expire_protection(&mut self) {
         let now = now_ns();
         for c in self.data.clients.values_mut() {
-            let due: Vec<u32> = c
-                .pending
-                .iter()
-                .filter(|(_, p)| !p.runs.is_empty() && batch_expired(p.since, now))
-                .map(|(&s, _)| s)
-                .collect();
-            for slot in due {
-                flush_pending(c, slot);
+            for pend in c.pending.values_mut() {
+                if !pend.runs.is_empty() && batch_expired(pend.since, now) {
+                    pend.flush(c.protector.as_ref());
+                }
             }
         }
     }
@@ -485,15 +475,15 @@ fn holder(caller: Caller) -> Holder {
     }
 }
 
-fn flush_pending(c: &mut ClientData, slot: u32) {
-    let Some(pend) = c.pending.get_mut(&slot) else {
-        return;
-    };
-    if let Some(p) = &c.protector {
-        for &(s, l) in &pend.runs {
-            let _ = p.set(s, l, false);
+impl Pending {
+    /// Makes the pages read-only through `protector` and empties the batch.
+    fn flush(&mut self, protector: Option<&Protector>) {
+        if let Some(p) = protector {
+            for &(s, l) in &self.runs {
+                let _ = p.set(s, l, false);
+            }
         }
+        self.runs.clear();
+        self.pages = 0;
     }
-    pend.runs.clear();
-    pend.pages = 0;
 }
