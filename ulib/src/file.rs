@@ -196,11 +196,12 @@ impl File {
         self.ino
     }
 
-    fn size(&self) -> io::Result<u64> {
+    /// The file's size. No reader epoch: Kfs keeps an open file's inode
+    /// (its open count pins it), so the word stays this file's.
+    fn size(&self) -> u64 {
         // Acquire: pairs with Kfs's Release store of the size, made after
         // the entries under it.
-        self.fs
-            .with_index(|r| r.mem().load_u64(self.inode + I_SIZE, Ordering::Acquire))
+        self.fs.index().load_u64(self.inode + I_SIZE, Ordering::Acquire)
     }
 
     /// The file's metadata.
@@ -295,10 +296,10 @@ impl File {
     /// was written at.
     fn append(&self, buf: &[u8]) -> io::Result<u64> {
         loop {
-            let size = self.size()?;
+            let size = self.size();
             let _g = self.lock.lock(size / PAGE * PAGE, u64::MAX);
             // Another thread of this process may have appended meanwhile.
-            if self.size()? != size {
+            if self.size() != size {
                 continue;
             }
             size.checked_add(buf.len() as u64)
@@ -419,7 +420,7 @@ impl File {
         if size > MAX_FILE_SIZE {
             return Err(err(Errno::EFBIG));
         }
-        let old = self.size()?;
+        let old = self.size();
         let _g = self.lock.lock(size.min(old) / PAGE * PAGE, u64::MAX);
         self.fs.call_here(&Request::Truncate {
             ino: self.ino,
@@ -469,7 +470,7 @@ impl File {
                 return Ok(n);
             }
             SeekFrom::Current(d) => (self.pos.load(Ordering::Relaxed), d),
-            SeekFrom::End(d) => (self.size()?, d),
+            SeekFrom::End(d) => (self.size(), d),
         };
         let p = base
             .0
@@ -556,7 +557,7 @@ impl Fs {
     /// Reads a whole file (as `std::fs::read`).
     pub fn read(&self, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
         let f = File::open(self, path)?;
-        let mut out = vec![0u8; f.size()? as usize];
+        let mut out = vec![0u8; f.size() as usize];
         let n = f.read_at(&mut out, 0)?;
         out.truncate(n);
         Ok(out)

@@ -156,6 +156,12 @@ impl Inner {
         })
     }
 
+    /// The read-only index, for loads that need no reader epoch (words of
+    /// an inode Kfs keeps alive).
+    pub(crate) fn index(&self) -> &ShmView {
+        &self.index
+    }
+
     /// Runs `f` on the index inside a reader epoch, so that nothing it
     /// reaches is reused before it returns.
     pub(crate) fn with_index<R>(
