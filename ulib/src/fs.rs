@@ -27,8 +27,10 @@ use crate::metadata::{Metadata, Permissions, StatFs};
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
     /// Send Kfs the addresses Ulib found while resolving a path
-    /// (collaborative indexing). Off: send bare paths and let Kfs resolve
-    /// them, to measure what the addresses save.
+    /// (collaborative indexing), with every request queued to the Kfs
+    /// thread (a directly applied one resolves under the lock anyway, so it
+    /// carries none). Off: send bare paths and let Kfs resolve them, to
+    /// measure what the addresses save.
     pub collaborative: bool,
     /// Let a thread apply its own request under Kfs's lock, instead of
     /// handing it to the Kfs thread and waiting for the reply (embedded
@@ -252,14 +254,6 @@ impl Inner {
         l
     }
 
-    /// The addresses a change of `path` will need, if collaborative
-    /// indexing is on.
-    fn hint(&self, r: &IndexReader<'_, ShmView>, path: &[u8]) -> Option<Hint> {
-        if !self.config.collaborative {
-            return None;
-        }
-        r.locate(path)
-    }
 }
 
 /// Pages a slot asks Kfs for at a time (4 MiB).
@@ -383,7 +377,7 @@ impl Fs {
             return r;
         }
         let hint = if self.inner.config.collaborative {
-            self.inner.with_index(|r| self.inner.hint(&r, path))?
+            self.inner.with_index(|r| r.locate(path))?
         } else {
             None
         };
@@ -487,7 +481,7 @@ impl Fs {
         }
         let (hint_from, hint_to) = if self.inner.config.collaborative {
             self.inner
-                .with_index(|r| (self.inner.hint(&r, f), self.inner.hint(&r, t)))?
+                .with_index(|r| (r.locate(f), r.locate(t)))?
         } else {
             (None, None)
         };

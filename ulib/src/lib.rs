@@ -3,8 +3,9 @@
 //! [`Fs::open`] starts Kfs inside the application (embedded mode) and
 //! returns a handle shaped like `std::fs`: paths resolve, `metadata` and
 //! `read_dir` answer straight from the index mapped read-only into the
-//! process, and every change goes to Kfs as a request carrying the addresses
-//! Ulib already found (collaborative indexing).
+//! process, and every change goes to Kfs: applied by the calling thread
+//! under Kfs's lock (the default in embedded mode), or queued to the Kfs
+//! thread with the addresses Ulib already found (collaborative indexing).
 //!
 //! ```no_run
 //! # fn main() -> std::io::Result<()> {
