@@ -166,7 +166,17 @@ impl Arena {
             self.ordered[c].sort_unstable_by(|a, b| b.cmp(a));
         }
         let (off, gen) = match self.ordered[c].pop() {
-            Some(off) => (off, header_gen(self.get(off)).wrapping_add(1)),
+            Some(off) => {
+                // A reused item holds what its last owner left.
+                let zeros = [0u8; 512];
+                let mut at = 8;
+                while at < bytes {
+                    let n = (bytes - at).min(512);
+                    self.put_bytes(off + at, &zeros[..n as usize])?;
+                    at += n;
+                }
+                (off, header_gen(self.get(off)).wrapping_add(1))
+            }
             None => {
                 let off = self.used;
                 let end = off + bytes;
@@ -188,16 +198,10 @@ impl Arena {
                     self.shm.populate(self.populated, to - self.populated);
                     self.populated = to;
                 }
+                // Never written: the shared memory grows zero-filled.
                 (off, 1)
             }
         };
-        let zeros = [0u8; 512];
-        let mut at = 8;
-        while at < bytes {
-            let n = (bytes - at).min(512);
-            self.put_bytes(off + at, &zeros[..n as usize])?;
-            at += n;
-        }
         self.put(off, header(tag, class, gen))?;
         Ok(off)
     }
