@@ -85,7 +85,7 @@ fn overwrites_reuse_pages_under_every_protection_mode() {
         return;
     };
     let mut failed = Vec::new();
-    for mode in ["strict", "batched", "off"] {
+    for mode in Protection::ALL.map(Protection::name) {
         let out = Command::new(std::env::current_exe().expect("the test binary's path"))
             .args([
                 "--exact",
@@ -106,6 +106,9 @@ fn overwrites_reuse_pages_under_every_protection_mode() {
                 "{mode}: the writer {how}\nstderr:\n{}",
                 String::from_utf8_lossy(&out.stderr)
             ));
+        } else if !String::from_utf8_lossy(&out.stdout).contains("1 passed") {
+            // A child that matched no test would exit 0 having run nothing.
+            failed.push(format!("{mode}: the child ran no writer"));
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));

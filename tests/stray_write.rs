@@ -36,14 +36,6 @@ fn config(protection: Protection) -> Config {
     }
 }
 
-fn protection_name(p: Protection) -> &'static str {
-    match p {
-        Protection::Strict => "strict",
-        Protection::Batched => "batched",
-        Protection::Off => "off",
-    }
-}
-
 /// What the child was asked to do, or `None` when this is no child.
 fn child_args() -> Option<(PathBuf, Protection)> {
     let image = PathBuf::from(std::env::var_os(IMAGE_VAR)?);
@@ -82,12 +74,12 @@ fn run_child(name: &str, image: &Path, protection: Protection) {
     let out = Command::new(std::env::current_exe().expect("the test binary's path"))
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(IMAGE_VAR, image)
-        .env(MODE_VAR, protection_name(protection))
+        .env(MODE_VAR, protection.name())
         .output()
         .expect("run the child");
     let log = format!(
         "child {name} ({}): {}\nstdout:\n{}\nstderr:\n{}",
-        protection_name(protection),
+        protection.name(),
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
@@ -160,10 +152,8 @@ fn a_stray_store_into_file_data_kills_the_process_and_changes_nothing() {
     let Some(dir) = support::shm_dir("kucofs-stray-") else {
         return;
     };
-    for protection in [Protection::Strict, Protection::Batched, Protection::Off] {
-        let image = dir
-            .path()
-            .join(format!("{}.img", protection_name(protection)));
+    for protection in Protection::ALL {
+        let image = dir.path().join(format!("{}.img", protection.name()));
         let fs = Fs::create(&image, 16 << 20).expect("mkfs and open");
         fs.write(FILE, contents()).expect("write the file");
         fs.close().expect("close");

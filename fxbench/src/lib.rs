@@ -21,7 +21,6 @@ pub mod machine;
 pub mod medium;
 pub mod report;
 pub mod rng;
-pub mod size;
 pub mod suite;
 #[cfg(test)]
 mod testing;

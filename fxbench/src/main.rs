@@ -9,7 +9,7 @@ use fxbench::machine::Machine;
 use fxbench::report::{Report, ResultsFile};
 use fxbench::suite::{self, Plan};
 use fxbench::workload::Params;
-use fxbench::{backend, size, Budget, Workload};
+use fxbench::{backend, Budget, Workload};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -93,7 +93,7 @@ struct RunArgs {
 }
 
 fn file_size(text: &str) -> Result<u64, String> {
-    size::parse(text).ok_or_else(|| format!("`{text}` is not a size like 256M"))
+    kucofs_common::size::parse_size(text)
 }
 
 fn backends_help() -> String {

@@ -201,7 +201,9 @@ impl File {
     fn size(&self) -> u64 {
         // Acquire: pairs with Kfs's Release store of the size, made after
         // the entries under it.
-        self.fs.index().load_u64(self.inode + I_SIZE, Ordering::Acquire)
+        self.fs
+            .index()
+            .load_u64(self.inode + I_SIZE, Ordering::Acquire)
     }
 
     /// The file's metadata.

@@ -253,7 +253,6 @@ impl Inner {
         locks.insert(ino, Arc::downgrade(&l));
         l
     }
-
 }
 
 /// Pages a slot asks Kfs for at a time (4 MiB).
@@ -480,8 +479,7 @@ impl Fs {
             return r.map(drop);
         }
         let (hint_from, hint_to) = if self.inner.config.collaborative {
-            self.inner
-                .with_index(|r| (r.locate(f), r.locate(t)))?
+            self.inner.with_index(|r| (r.locate(f), r.locate(t)))?
         } else {
             (None, None)
         };

@@ -316,17 +316,29 @@ pub const BATCH_PAGES: u64 = 256;
 /// Longest a committed page stays writable under [`Protection::Batched`].
 pub const BATCH_TIME: std::time::Duration = std::time::Duration::from_millis(10);
 
+impl Protection {
+    /// Every mode.
+    pub const ALL: [Protection; 3] = [Protection::Strict, Protection::Batched, Protection::Off];
+
+    /// The mode's name, as [`FromStr`](std::str::FromStr) takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protection::Strict => "strict",
+            Protection::Batched => "batched",
+            Protection::Off => "off",
+        }
+    }
+}
+
 impl std::str::FromStr for Protection {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Protection, String> {
-        match s {
-            "strict" => Ok(Protection::Strict),
-            "batched" => Ok(Protection::Batched),
-            "off" => Ok(Protection::Off),
-            _ => Err(format!(
-                "unknown protection mode {s:?}: expected strict, batched or off"
-            )),
-        }
+        Protection::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!("unknown protection mode {s:?}: expected strict, batched or off")
+            })
     }
 }
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use kucofs_ulib::{Config, Fs};
+use kucofs_ulib::{Config, Fs, Protection};
 
 use super::{Backend, FileHandle, OpenOptions, ServerCounters};
 use crate::error::{Error, Result};
@@ -26,48 +26,15 @@ pub struct KucofsBackend {
     fs: Option<Fs>,
 }
 
-/// The library's protection setting, as `protect=` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Protection {
-    Strict,
-    Batched,
-    Off,
-}
-
-impl Protection {
-    const ALL: [Protection; 3] = [Protection::Strict, Protection::Batched, Protection::Off];
-
-    /// The word `protect=` takes.
-    fn name(self) -> &'static str {
-        match self {
-            Protection::Strict => "strict",
-            Protection::Batched => "batched",
-            Protection::Off => "off",
-        }
-    }
-
-    fn parse(text: &str) -> Option<Self> {
-        Protection::ALL.into_iter().find(|p| p.name() == text)
-    }
-}
-
-impl From<Protection> for kucofs_ulib::Protection {
-    fn from(p: Protection) -> Self {
-        match p {
-            Protection::Strict => kucofs_ulib::Protection::Strict,
-            Protection::Batched => kucofs_ulib::Protection::Batched,
-            Protection::Off => kucofs_ulib::Protection::Off,
-        }
-    }
-}
+/// Numbers the default images of one process's backends.
+static NEXT_IMAGE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// What a spec's options ask for.
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
     collaborative: bool,
     direct: bool,
-    /// `None`: the library's default.
-    protection: Option<Protection>,
+    protection: Protection,
     size: u64,
     image: PathBuf,
 }
@@ -78,11 +45,13 @@ impl Options {
         let mut options = Options {
             collaborative: true,
             direct: true,
-            protection: None,
+            protection: Protection::default(),
             size: 8 << 30,
+            // One image per backend of a run: a run may list several.
             image: PathBuf::from(format!(
-                "/dev/shm/fxbench-kucofs-{}.img",
-                std::process::id()
+                "/dev/shm/fxbench-kucofs-{}-{}.img",
+                std::process::id(),
+                NEXT_IMAGE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             )),
         };
         for opt in arg.split('+').filter(|o| !o.is_empty()) {
@@ -90,14 +59,11 @@ impl Options {
                 None if opt == "nohints" => options.collaborative = false,
                 None if opt == "queued" => options.direct = false,
                 Some(("protect", v)) => {
-                    options.protection = Some(Protection::parse(v).ok_or_else(|| {
-                        format!("protect=`{v}` is not one of strict, batched, off")
-                    })?)
+                    options.protection = v
+                        .parse()
+                        .map_err(|_| format!("protect=`{v}` is not one of strict, batched, off"))?
                 }
-                Some(("size", v)) => {
-                    options.size = crate::size::parse(v)
-                        .ok_or_else(|| format!("size `{v}` is not a size like 8G"))?
-                }
+                Some(("size", v)) => options.size = kucofs_common::size::parse_size(v)?,
                 Some(("image", v)) => options.image = PathBuf::from(v),
                 _ => {
                     return Err(format!(
@@ -111,18 +77,12 @@ impl Options {
     }
 
     /// The library configuration these options ask for.
-    fn config(&self) -> Result<Config, String> {
-        let config = Config {
+    fn config(&self) -> Config {
+        Config {
             collaborative: self.collaborative,
             direct: self.direct,
+            protection: self.protection,
             ..Config::default()
-        };
-        match self.protection {
-            None => Ok(config),
-            Some(p) => Ok(Config {
-                protection: p.into(),
-                ..config
-            }),
         }
     }
 }
@@ -135,7 +95,7 @@ impl KucofsBackend {
             why,
         };
         let options = Options::parse(arg).map_err(bad)?;
-        let config = options.config().map_err(bad)?;
+        let config = options.config();
         let image = options.image;
         // A leftover image of an earlier, killed run with this name.
         let _ = std::fs::remove_file(&image);
@@ -273,17 +233,18 @@ mod tests {
             Options {
                 collaborative: false,
                 direct: false,
-                protection: Some(Protection::Batched),
+                protection: Protection::Batched,
                 size: 64 << 20,
                 image: PathBuf::from("/tmp/x.img"),
             }
         );
         let d = Options::parse("").unwrap();
-        assert!(d.collaborative && d.direct && d.protection.is_none());
+        assert!(d.collaborative && d.direct);
+        assert_eq!(d.protection, Protection::default());
         assert_eq!(d.size, 8 << 30);
         for p in Protection::ALL {
             let o = Options::parse(&format!("protect={}", p.name())).unwrap();
-            assert_eq!(o.protection, Some(p));
+            assert_eq!(o.protection, p);
         }
     }
 
