@@ -309,14 +309,8 @@ fn check_file(sut: &Sut, i: usize, m: &ModelFile, when: &str) -> Result<(), Test
     prop_assert_eq!(len, m.size, "size of {} {}", path, when);
     if m.size <= WHOLE_COMPARE_MAX {
         let got = sut.fs.read(path).expect("read a whole file");
-        prop_assert!(
-            got == m.read(0, m.size as usize),
-            "contents of {} {}: first difference at byte {:?}",
-            path,
-            when,
-            first_difference(&got, &m.read(0, m.size as usize))
-        );
-        return Ok(());
+        let want = m.read(0, m.size as usize);
+        return same_bytes(&got, &want, format_args!("contents of {path} {when}"));
     }
     // Every page ever written, its neighbours, and both ends.
     let last = (m.size - 1) / PAGE;
@@ -331,14 +325,7 @@ fn check_file(sut: &Sut, i: usize, m: &ModelFile, when: &str) -> Result<(), Test
     for p in pages {
         let n = f.read_at(&mut buf, p * PAGE).expect("read a page");
         let want = m.read(p * PAGE, PAGE as usize);
-        prop_assert!(
-            buf[..n] == want[..],
-            "page {} of {} {}: first difference at byte {:?}",
-            p,
-            path,
-            when,
-            first_difference(&buf[..n], &want)
-        );
+        same_bytes(&buf[..n], &want, format_args!("page {p} of {path} {when}"))?;
     }
     prop_assert_eq!(f.read_at(&mut buf, m.size).expect("read at the end"), 0);
     Ok(())
@@ -349,6 +336,19 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
         .zip(b)
         .position(|(x, y)| x != y)
         .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+/// Fails unless `got` is `want`, naming `what` and the first byte that
+/// differs.
+fn same_bytes(got: &[u8], want: &[u8], what: std::fmt::Arguments<'_>) -> Result<(), TestCaseError> {
+    prop_assert!(
+        got == want,
+        "{}: got {} bytes, first difference at byte {:?}",
+        what,
+        got.len(),
+        first_difference(got, want)
+    );
+    Ok(())
 }
 
 fn check_all(sut: &Sut, model: &[ModelFile], when: &str) -> Result<(), TestCaseError> {
@@ -379,15 +379,11 @@ fn step(sut: Sut, model: &mut [ModelFile], op: &Op, at: &str) -> Result<Sut, Tes
             let mut buf = vec![0u8; len];
             let n = sut.files[file].read_at(&mut buf, off).expect("read_at");
             let want = m.read(off, len);
-            prop_assert!(
-                buf[..n] == want[..],
-                "{}: read_at {} of {} bytes got {} bytes, first difference at {:?}",
-                at,
-                off,
-                len,
-                n,
-                first_difference(&buf[..n], &want)
-            );
+            same_bytes(
+                &buf[..n],
+                &want,
+                format_args!("{at}: read_at {off} of {len} bytes"),
+            )?;
         }
         Op::SetLen { file, size } => {
             let m = &mut model[file];
@@ -457,15 +453,11 @@ fn step(sut: Sut, model: &mut [ModelFile], op: &Op, at: &str) -> Result<Sut, Tes
                 }
             }
             let want = m.read(pos, len);
-            prop_assert!(
-                buf[..n] == want[..],
-                "{}: read at {} of {} bytes got {} bytes, first difference at {:?}",
-                at,
-                pos,
-                len,
-                n,
-                first_difference(&buf[..n], &want)
-            );
+            same_bytes(
+                &buf[..n],
+                &want,
+                format_args!("{at}: read at {pos} of {len} bytes"),
+            )?;
             let now = f.stream_position().expect("position");
             prop_assert_eq!(now, pos + n as u64, "{}: position after a read", at);
         }
