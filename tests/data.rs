@@ -5,15 +5,19 @@ use std::io::{Read, Seek, SeekFrom, Write};
 
 use kucofs::{File, Fs, OpenOptions};
 
-fn image() -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+mod support;
+
+fn image() -> Option<(tempfile::TempDir, std::path::PathBuf)> {
+    let dir = support::shm_dir("kucofs-data-")?;
     let path = dir.path().join("fs.img");
-    (dir, path)
+    Some((dir, path))
 }
 
 #[test]
 fn write_read_holes_truncate_and_reopen() {
-    let (_d, path) = image();
+    let Some((_d, path)) = image() else {
+        return;
+    };
     let fs = Fs::create(&path, 64 << 20).unwrap();
     let f = File::create(&fs, "a").unwrap();
     assert_eq!(f.write_at(b"hello", 0).unwrap(), 5);
