@@ -46,15 +46,15 @@ struct MediumArgs {
 }
 
 fn medium(args: MediumArgs) -> anyhow::Result<()> {
+    // A path that cannot be written is refused before measuring.
+    let json = args.json.as_deref().map(ResultsFile::create).transpose()?;
     let m = fxbench::medium::measure(&args.dir)?;
     print!("{}", m.table());
-    if let Some(path) = args.json {
-        let text = serde_json::to_string_pretty(&serde_json::json!({
+    if let Some(file) = json {
+        file.write(&serde_json::json!({
             "machine": Machine::describe(),
             "medium": m,
         }))?;
-        std::fs::write(&path, text + "\n")
-            .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
     }
     Ok(())
 }

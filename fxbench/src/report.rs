@@ -195,8 +195,9 @@ impl ResultsFile {
         })
     }
 
-    /// Writes `report` as pretty-printed JSON.
-    pub fn write(mut self, report: &Report) -> Result<()> {
+    /// Writes `report` (a [`Report`], or any other record) as
+    /// pretty-printed JSON.
+    pub fn write(mut self, report: &impl Serialize) -> Result<()> {
         let mut json = serde_json::to_string_pretty(report).map_err(|e| Error::Results {
             path: self.path.clone(),
             source: e.into(),
