@@ -55,3 +55,27 @@ fn write_read_holes_truncate_and_reopen() {
     let report = kucofs_kfs::fsck(&path).unwrap();
     assert!(report.problems.is_empty(), "{report}");
 }
+
+#[test]
+fn statfs_counts_the_pages_files_hold() {
+    let Some((_d, path)) = image() else {
+        return;
+    };
+    let fs = Fs::create(&path, 64 << 20).unwrap();
+    let empty = fs.statfs().unwrap();
+    assert_eq!(empty.blocks_free, empty.blocks);
+    let f = File::create(&fs, "a").unwrap();
+    f.write_at(&vec![1u8; 10 * 4096], 0).unwrap();
+    assert_eq!(fs.statfs().unwrap().blocks_free, empty.blocks - 10);
+    // An overwrite replaces pages without holding more.
+    f.write_at(&vec![2u8; 4096], 4096).unwrap();
+    assert_eq!(fs.statfs().unwrap().blocks_free, empty.blocks - 10);
+    f.set_len(3 * 4096).unwrap();
+    assert_eq!(fs.statfs().unwrap().blocks_free, empty.blocks - 3);
+    drop(f);
+    fs.close().unwrap();
+    let fs = Fs::open(&path).unwrap();
+    assert_eq!(fs.statfs().unwrap().blocks_free, empty.blocks - 3);
+    fs.remove_file("a").unwrap();
+    assert_eq!(fs.statfs().unwrap().blocks_free, empty.blocks);
+}

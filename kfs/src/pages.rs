@@ -56,7 +56,8 @@ pub struct Pages {
     /// finds the lowest long run without walking the short ones (freed
     /// pages come back scattered).
     long: BTreeSet<u64>,
-    free_pages: u64,
+    /// Pages files hold (in state `USED`).
+    used: u64,
     /// Replaced pages: (epoch, page), freed once no reader is older.
     waiting: VecDeque<(u64, u64)>,
 }
@@ -81,13 +82,14 @@ impl Pages {
             }
             *s = USED;
         }
+        let used = state.iter().filter(|&&s| s == USED).count() as u64;
         let mut pages = Pages {
             first,
             end,
             state,
             free: BTreeMap::new(),
             long: BTreeSet::new(),
-            free_pages: 0,
+            used,
             waiting: VecDeque::new(),
         };
         let mut p = first;
@@ -101,7 +103,6 @@ impl Pages {
                 p += 1;
             }
             pages.add_run(start, p - start);
-            pages.free_pages += p - start;
         }
         Ok(pages)
     }
@@ -114,9 +115,16 @@ impl Pages {
         self.state[(p - self.first) as usize] = s;
     }
 
-    /// Pages free now.
+    /// Pages free now (neither in a file, nor in a pool, nor waiting).
+    #[cfg(test)]
     pub fn free_pages(&self) -> u64 {
-        self.free_pages
+        self.free.values().sum()
+    }
+
+    /// Pages that files hold; the others are free, in a pool, or waiting
+    /// for their grace period.
+    pub fn used_pages(&self) -> u64 {
+        self.used
     }
 
     /// Pages waiting for their grace period.
@@ -124,9 +132,9 @@ impl Pages {
         self.waiting.len()
     }
 
-    /// Pages in files.
+    /// Pages in files, counted from their states.
     #[cfg(test)]
-    fn used_pages(&self) -> u64 {
+    fn used_by_scan(&self) -> u64 {
         self.state.iter().filter(|&&s| s == USED).count() as u64
     }
 
@@ -172,7 +180,6 @@ impl Pages {
         if len > take {
             self.add_run(start + take, len - take);
         }
-        self.free_pages -= take;
         for p in start..start + take {
             self.set(p, mark);
         }
@@ -185,7 +192,6 @@ impl Pages {
         for p in start..start + n {
             self.set(p, FREE);
         }
-        self.free_pages += n;
         self.free_run(start, n);
     }
 
@@ -200,6 +206,7 @@ impl Pages {
             }
             // Marked as we go, so that a page named twice fails the check.
             self.set(p, USED);
+            self.used += 1;
         }
         Ok(())
     }
@@ -210,6 +217,7 @@ impl Pages {
             for &p in pages {
                 if p >= self.first && p < self.end && self.state(p) == USED {
                     self.set(p, mark);
+                    self.used -= 1;
                 }
             }
         }
@@ -220,6 +228,7 @@ impl Pages {
     pub fn retire(&mut self, page: u64, epoch: u64) {
         if page >= self.first && page < self.end && self.state(page) == USED {
             self.set(page, WAITING);
+            self.used -= 1;
             self.waiting.push_back((epoch, page));
         }
     }
@@ -254,7 +263,6 @@ impl Pages {
 
     fn free_page(&mut self, p: u64) {
         self.set(p, FREE);
-        self.free_pages += 1;
         self.free_run(p, 1);
     }
 
@@ -349,6 +357,7 @@ mod tests {
         assert_eq!(p.release(A), 14);
         assert_eq!(p.free_pages(), total - 1);
         assert_eq!(p.used_pages(), 1);
+        assert_eq!(p.used_by_scan(), 1);
     }
 
     #[test]
@@ -370,6 +379,7 @@ mod tests {
         assert!(Pages::new(&g, [0]).is_err());
         let p = Pages::new(&g, [g.data.start + 3]).unwrap();
         assert_eq!(p.used_pages(), 1);
+        assert_eq!(p.used_by_scan(), 1);
         assert_eq!(p.used_bitmap()[0], 1 << 3);
     }
 

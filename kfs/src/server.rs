@@ -356,6 +356,11 @@ impl Kfs {
         s
     }
 
+    /// Data pages that files hold; `None` once the volume is closed.
+    pub fn used_pages(&self) -> Option<u64> {
+        self.volume.lock().as_ref().map(|v| v.pages().used_pages())
+    }
+
     fn stop(&mut self) -> Result<()> {
         self.stop.store(true, Ordering::Release);
         self.doorbell.wake();

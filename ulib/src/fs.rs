@@ -670,6 +670,13 @@ impl Fs {
     pub fn statfs(&self) -> io::Result<StatFs> {
         let g = self.inner.geometry;
         let inodes = self.inner.with_index(|r| r.inode_count())?;
+        let used = self
+            .inner
+            .kfs
+            .lock()
+            .as_ref()
+            .and_then(|k| k.used_pages())
+            .ok_or_else(|| err(Errno::ENOTCONN))?;
         // Each file costs about this much in a checkpoint (inode record,
         // entry record with a short name): the slot bounds the file count.
         let per_file = 128;
@@ -679,7 +686,7 @@ impl Fs {
         Ok(StatFs {
             block_size: kucofs_common::format::PAGE_SIZE,
             blocks: g.data.pages,
-            blocks_free: g.data.pages,
+            blocks_free: g.data.pages.saturating_sub(used),
             files,
             files_free: files.saturating_sub(inodes),
             name_max: NAME_MAX as u64,

@@ -158,7 +158,8 @@ pub struct StatFs {
     pub block_size: u64,
     /// Data pages in the file system.
     pub blocks: u64,
-    /// Data pages free.
+    /// Data pages no file holds (free ones, and those in write pools or
+    /// waiting for readers to move on, which become free by themselves).
     pub blocks_free: u64,
     /// Inodes the file system can hold (bounded by the checkpoint slot).
     pub files: u64,
