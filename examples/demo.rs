@@ -37,12 +37,12 @@ fn show(fs: &Fs, dir: &str, depth: usize) -> io::Result<()> {
 }
 
 fn main() -> io::Result<()> {
-    let image = std::env::temp_dir().join(format!("kucofs-demo-{}.img", std::process::id()));
-    let image = if std::path::Path::new("/dev/shm").is_dir() {
-        std::path::PathBuf::from("/dev/shm").join(image.file_name().unwrap_or_default())
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
     } else {
-        image
+        std::env::temp_dir()
     };
+    let image = dir.join(format!("kucofs-demo-{}.img", std::process::id()));
     println!("making a 64 MiB file system in {}", image.display());
     let fs = Fs::create(&image, 64 << 20)?;
 
@@ -60,6 +60,9 @@ fn main() -> io::Result<()> {
     let mut notes = File::create(&fs, "projects/notes")?;
     notes.write_all(b"first line\n")?;
     notes.write_at(b"far away", 1 << 20)?;
+    let mut hole = [1u8; 16];
+    File::open(&fs, "projects/notes")?.read_at(&mut hole, 4096)?;
+    println!("16 bytes of the hole: {hole:?}");
     notes.set_len(11)?;
     drop(notes);
     let mut log = OpenOptions::new()

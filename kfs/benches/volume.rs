@@ -1,7 +1,7 @@
 //! Kfs's service time `L` for metadata requests, measured by calling the
 //! volume directly on one thread (no channel, no second core): creates with
-//! and without pre-located addresses, stat-free unlinks, and the log append
-//! alone.
+//! and without pre-located addresses, and a ping (a request that changes
+//! nothing).
 //!
 //! Run: `cargo bench -p kucofs-kfs --bench volume`.
 
