@@ -19,12 +19,12 @@ const GROW_STEP: u64 = 64 << 20;
 /// call, rather than one fault at a time.
 const POPULATE_STEP: u64 = 4 << 20;
 
-/// Item sizes: multiples of 16 up to 512, then powers of two up to 256 MiB
-/// (a directory's largest bucket table is 128 MiB).
 /// Most items one reclamation frees.
 pub const RECLAIM_BATCH: usize = 4096;
 
-/// Number of size classes.
+/// Number of size classes. Item sizes: multiples of 16 up to 512, then
+/// powers of two up to 256 MiB (a directory's largest bucket table is
+/// 128 MiB).
 const CLASSES: u16 = 51;
 
 fn class_size(class: u16) -> u64 {

@@ -1,8 +1,10 @@
 //! The namespace as Kfs changes it: POSIX checks for every request, the
 //! check of a client's pre-located addresses (collaborative indexing,
-//! DESIGN §6), and [`Namespace::apply`], the one function that changes the
-//! index, used alike for live requests (after their log entry is durable)
-//! and for log replay at recovery.
+//! DESIGN §6), and the changes themselves. A metadata change is applied by
+//! the same code live (after its log entry is durable) and at log replay;
+//! file data changes through [`Namespace::write_pages`] and
+//! [`Namespace::truncate_file`], also shared by both, and checkpoints load
+//! through their own `load_*` functions.
 //!
 //! Ordering for lock-free readers: a created inode is filled before its
 //! entry is linked; an entry is unlinked before its inode is retired; a

@@ -343,10 +343,13 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         let table = self
             .mem
             .load_u64(dir.wrapping_add(I_BUCKETS), Ordering::Acquire);
+        if table == 0 {
+            return self.dir_head(dir);
+        }
         let bits = self
             .mem
             .load_u64(table.wrapping_add(B_BITS), Ordering::Relaxed) as u32;
-        if table == 0 || !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits) {
+        if !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits) {
             return self.dir_head(dir);
         }
         let slot = table.wrapping_add(B_SLOTS + 8 * bucket(hash, bits));
