@@ -4,7 +4,6 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::format::{
     scan_log_with, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault,
@@ -100,7 +99,7 @@ pub fn mkfs_with(
         incompat: 0,
         clean: true,
         uuid: new_uuid(),
-        created_ns: now_ns(),
+        created_ns: crate::namespace::now_ns() as u64,
         geometry,
         checkpoint: Some(CheckpointRef { slot: 0, seq: 1 }),
         log_seq: 1,
@@ -413,12 +412,6 @@ fn uuid_text(u: &[u8; 16]) -> String {
     )
 }
 
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// A random UUID (version 4) from the kernel's generator, falling back to
 /// the clock and process id if `/dev/urandom` cannot be read.
 fn new_uuid() -> [u8; 16] {
@@ -426,7 +419,7 @@ fn new_uuid() -> [u8; 16] {
     let mut u = [0u8; 16];
     let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut u));
     if read.is_err() {
-        u[..8].copy_from_slice(&now_ns().to_le_bytes());
+        u[..8].copy_from_slice(&crate::namespace::now_ns().to_le_bytes());
         u[8..12].copy_from_slice(&std::process::id().to_le_bytes());
     }
     u[6] = (u[6] & 0x0f) | 0x40;
