@@ -25,7 +25,8 @@ use crate::Errno;
 /// Slots in a segment: the client threads one process can have in the file
 /// system at once.
 pub const SLOTS: usize = 128;
-/// Bytes per slot (a whole number of cache lines).
+/// Bytes per slot: the control line, the reply and the largest request,
+/// rounded up to whole pages.
 pub const SLOT_SIZE: u64 = (REQUEST_RECORD + REQUEST_MAX as u64).next_multiple_of(4096);
 /// Segment magic, "KucoSEG1".
 const MAGIC: u64 = u64::from_le_bytes(*b"KucoSEG1");

@@ -124,11 +124,6 @@ impl Shm {
         })
     }
 
-    /// The memfd, to hand to another process.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
     /// Current size in bytes.
     #[inline]
     pub fn len(&self) -> u64 {
@@ -317,14 +312,6 @@ impl Words for ShmView {
     #[inline]
     fn prefetch(&self, offset: u64) {
         self.map.prefetch(offset);
-    }
-}
-
-impl ShmView {
-    /// The virtual address of the mapping, for tests that play a stray
-    /// store; never dereferenced by this crate outside its mapping module.
-    pub fn address(&self) -> usize {
-        self.map.addr()
     }
 }
 

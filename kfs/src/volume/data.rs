@@ -87,8 +87,10 @@ impl Volume {
         );
     }
 
-    /// Forgets a client (it closed, or died): its opens are closed, its
-    /// leases and its unused pool pages given back.
+    /// Forgets a client: its opens are closed, its leases and its unused
+    /// pool pages given back. In embedded mode nothing calls this yet (the
+    /// one client lives as long as Kfs); the daemon will, for a client
+    /// that closed or died.
     pub fn detach_client(&mut self, client: u32) -> Result<(), Errno> {
         let Some(mut c) = self.data.clients.remove(&client) else {
             return Ok(());
