@@ -633,15 +633,22 @@ pub struct CheckpointHeader {
 const _: () = assert!(std::mem::size_of::<CheckpointHeader>() == CHECKPOINT_HEADER_SIZE);
 
 impl CheckpointHeader {
-    /// A header for `body`, checksums computed.
-    pub fn new(seq: u64, body: &[u8], inodes: u64, entries: u64) -> CheckpointHeader {
+    /// A header for a body of `body_len` bytes whose CRC-32C is `body_crc`
+    /// (a body checksummed as it was written).
+    pub fn with_crc(
+        seq: u64,
+        body_len: u64,
+        body_crc: u32,
+        inodes: u64,
+        entries: u64,
+    ) -> CheckpointHeader {
         let mut h = CheckpointHeader {
             magic: CHECKPOINT_MAGIC,
             seq,
-            body_len: body.len() as u64,
+            body_len,
             inodes,
             entries,
-            body_crc: crc32c::crc32c(body),
+            body_crc,
             pad: 0,
             reserved: [0; 12],
             header_crc: 0,

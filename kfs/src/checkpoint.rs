@@ -29,29 +29,76 @@ const INODE: u8 = 1;
 const ENTRY: u8 = 2;
 const PAGES: u8 = 3;
 
-/// A serialized namespace.
-#[derive(Debug)]
-pub struct Body {
-    /// The bytes.
-    pub bytes: Vec<u8>,
-    /// Inode records.
-    pub inodes: u64,
-    /// Entry records.
-    pub entries: u64,
+/// Bytes a checkpoint is written in at a time.
+const CHUNK: usize = 1 << 20;
+
+/// Where a checkpoint body goes as it is made: a chunk buffer, written out
+/// (non-temporal) whenever it fills, with the checksum kept running.
+struct Sink<'a> {
+    region: &'a Region,
+    buf: Vec<u8>,
+    /// Region offset the next chunk goes to, and the slot's end.
+    at: u64,
+    end: u64,
+    len: u64,
+    crc: u32,
+    failed: Option<Errno>,
 }
 
-/// Serializes the namespace.
-pub fn serialize(ns: &Namespace) -> Body {
-    let mut bytes = Vec::new();
+impl Sink<'_> {
+    fn drain(&mut self) {
+        if self.failed.is_none() && !self.buf.is_empty() {
+            let n = self.buf.len() as u64;
+            if self.at + n > self.end {
+                self.failed = Some(Errno::ENOSPC);
+            } else if self.region.write_nt(self.at, &self.buf).is_err() {
+                self.failed = Some(Errno::EIO);
+            } else {
+                self.crc = crc32c::crc32c_append(self.crc, &self.buf);
+                self.at += n;
+                self.len += n;
+            }
+        }
+        self.buf.clear();
+    }
+
+    fn maybe_drain(&mut self) {
+        if self.buf.len() >= CHUNK {
+            self.drain();
+        }
+    }
+}
+
+/// Serializes the namespace straight into checkpoint `slot`, covering the
+/// log before `seq`, and persists it: the body a chunk at a time as it is
+/// made (a namespace of millions of files needs no buffer its size), then
+/// the header. `ENOSPC` if it does not fit.
+pub fn write(
+    region: &Region,
+    g: &Geometry,
+    slot: u8,
+    seq: u64,
+    ns: &Namespace,
+) -> Result<(), Errno> {
+    let area = g.checkpoint_slot(slot);
+    let sink = Sink {
+        region,
+        buf: Vec::with_capacity(CHUNK + 4096),
+        at: area.offset() + CHECKPOINT_HEADER_SIZE as u64,
+        end: area.offset() + area.len(),
+        len: 0,
+        crc: 0,
+        failed: None,
+    };
     let (mut inodes, mut entries) = (0, 0);
-    // Two closures write into one buffer in turn, so it is shared through a
+    // Two closures write into one sink in turn, so it is shared through a
     // RefCell.
-    let out = std::cell::RefCell::new(&mut bytes);
-    ns.walk(
+    let out = std::cell::RefCell::new(sink);
+    ns.scan(
         |a, target| {
             inodes += 1;
             let mut b = out.borrow_mut();
-            let mut w = Writer(&mut b);
+            let mut w = Writer(&mut b.buf);
             w.u8(INODE);
             w.u64(a.ino);
             for v in [a.mode, a.nlink, a.uid, a.gid] {
@@ -79,40 +126,28 @@ pub fn serialize(ns: &Namespace) -> Body {
                     }
                 }
             }
+            b.maybe_drain();
         },
         |parent, name, ino| {
             entries += 1;
             let mut b = out.borrow_mut();
-            let mut w = Writer(&mut b);
+            let mut w = Writer(&mut b.buf);
             w.u8(ENTRY);
             w.u64(parent);
             w.u64(ino);
             w.bytes(name);
+            b.maybe_drain();
         },
     );
-    Body {
-        bytes,
-        inodes,
-        entries,
+    let mut sink = out.into_inner();
+    sink.drain();
+    if let Some(e) = sink.failed {
+        return Err(e);
     }
-}
-
-/// Writes a checkpoint covering the log before `seq` into `slot` and
-/// persists it. `ENOSPC` if it does not fit.
-pub fn write(region: &Region, g: &Geometry, slot: u8, seq: u64, body: &Body) -> Result<(), Errno> {
-    let area = g.checkpoint_slot(slot);
-    let total = (CHECKPOINT_HEADER_SIZE + body.bytes.len()) as u64;
-    if total > area.len() {
-        return Err(Errno::ENOSPC);
-    }
-    let header = CheckpointHeader::new(seq, &body.bytes, body.inodes, body.entries);
-    let io = |_| Errno::EIO;
-    region
-        .write_nt(area.offset() + CHECKPOINT_HEADER_SIZE as u64, &body.bytes)
-        .map_err(io)?;
+    let header = CheckpointHeader::with_crc(seq, sink.len, sink.crc, inodes, entries);
     region
         .write_nt(area.offset(), &header.encode())
-        .map_err(io)?;
+        .map_err(|_| Errno::EIO)?;
     region.fence();
     Ok(())
 }
@@ -244,4 +279,63 @@ pub fn load(body: &[u8]) -> Result<Namespace, String> {
         }
     }
     Ok(ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kucofs_common::proto::Request;
+
+    /// A namespace of `files` files with long names in one directory.
+    fn namespace(files: usize) -> Namespace {
+        let mut ns = Namespace::new(Creds::default(), 1).unwrap();
+        let mkdir = Request::Create {
+            path: b"d",
+            mode: libc::S_IFDIR | 0o755,
+            target: b"",
+            hint: None,
+        };
+        ns.execute(&mkdir, Creds::default()).unwrap();
+        for i in 0..files {
+            let path = format!("d/{i:0>60}");
+            let create = Request::Create {
+                path: path.as_bytes(),
+                mode: libc::S_IFREG | 0o644,
+                target: b"",
+                hint: None,
+            };
+            ns.execute(&create, Creds::default()).unwrap();
+        }
+        ns
+    }
+
+    fn entries(ns: &Namespace) -> Vec<(u64, Vec<u8>, u64)> {
+        let mut out = Vec::new();
+        ns.walk(|_, _| {}, |p, n, i| out.push((p, n.to_vec(), i)));
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_body_of_several_chunks_reads_back_and_one_too_big_is_enospc() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = Geometry::for_size(64 << 20).unwrap();
+        let region = Region::create(&dir.path().join("img"), g.size, false).unwrap();
+        // About 150 bytes a file: three chunks (3 MB) in a 4 MiB slot.
+        let ns = namespace(20_000);
+        write(&region, &g, 1, 7, &ns).unwrap();
+        let read_at = |off: u64, buf: &mut [u8]| region.read(off, buf).is_ok();
+        let (h, body) = read(&g, CheckpointRef { slot: 1, seq: 7 }, read_at).unwrap();
+        assert!(body.len() > 2 * CHUNK, "{} bytes", body.len());
+        assert_eq!((h.inodes, h.entries), (20_002, 20_001));
+        assert_eq!(entries(&load(&body).unwrap()), entries(&ns));
+        // A namespace the slot cannot hold: refused, and the checkpoint
+        // already in the other slot is untouched.
+        write(&region, &g, 0, 8, &namespace(3_000)).unwrap();
+        assert_eq!(
+            write(&region, &g, 1, 9, &namespace(60_000)),
+            Err(Errno::ENOSPC)
+        );
+        assert!(read(&g, CheckpointRef { slot: 0, seq: 8 }, read_at).is_ok());
+    }
 }

@@ -19,7 +19,7 @@ use kucofs_common::index::layout::*;
 use kucofs_common::index::{
     check_name, name_hash, IndexReader, InodeAttr, Kind, Last, Parent, PATH_MAX,
 };
-use kucofs_common::pm::Shm;
+use kucofs_common::pm::{Shm, Words};
 use kucofs_common::proto::{Creds, Hint, Reply, Request};
 use kucofs_common::Errno;
 
@@ -1008,6 +1008,50 @@ impl Namespace {
             self.update(inode, |a| a.put(inode + I_PARENT, dir))?;
         }
         Ok(())
+    }
+
+    /// Visits every inode that has a name (a directory, or a link count
+    /// above zero), in inode-number order, then every entry of every
+    /// directory (parent ino, name, ino). The same records as
+    /// [`Namespace::walk`] in another order, found through the inode table
+    /// rather than through the names: the table and the inodes are read in
+    /// the order they were made, so a large namespace costs a sequential
+    /// read instead of a cache miss per inode (a checkpoint's serialization
+    /// is this). Reachability is not checked: fsck uses `walk` for that.
+    pub fn scan(
+        &self,
+        mut inode_fn: impl FnMut(&InodeAttr, Option<Vec<u8>>),
+        mut entry_fn: impl FnMut(u64, &[u8], u64),
+    ) {
+        let r = self.reader();
+        let mut dirs = Vec::new();
+        // Inodes a few numbers ahead are fetched while this one is read.
+        const AHEAD: u64 = 8;
+        for ino in ROOT_INO..self.next_ino {
+            let ahead = r.inode_by_ino(ino + AHEAD);
+            if ahead != 0 {
+                r.mem().prefetch(ahead + I_SEQ);
+                r.mem().prefetch(ahead + I_SIZE);
+            }
+            let inode = r.inode_by_ino(ino);
+            if inode == 0 {
+                continue;
+            }
+            let Some(a) = r.attr(inode) else { continue };
+            let dir = a.kind() == Some(Kind::Dir);
+            // An unlinked file still open has no name: a checkpoint leaves
+            // it out, as recovery would drop it.
+            if !dir && a.nlink == 0 {
+                continue;
+            }
+            inode_fn(&a, r.readlink(inode));
+            if dir {
+                dirs.push((a.ino, inode));
+            }
+        }
+        for (dir_ino, dir) in dirs {
+            r.for_each_entry(dir, |name, ino| entry_fn(dir_ino, name, ino));
+        }
     }
 
     /// Visits the tree depth-first from the root: every inode once, before

@@ -114,7 +114,7 @@ pub fn recover(
 /// Every data page the files of `ns` hold.
 pub fn used_pages(ns: &Namespace) -> Vec<u64> {
     let mut used = Vec::new();
-    ns.walk(
+    ns.scan(
         |a, _| {
             if a.kind() == Some(Kind::File) {
                 ns.file_pages(a.offset, |_, p| used.push(p));
@@ -133,7 +133,7 @@ pub(crate) fn initial_checkpoint(
     root: Creds,
 ) -> std::result::Result<(), Errno> {
     let ns = Namespace::new(root, crate::namespace::now_ns())?;
-    checkpoint::write(region, g, 0, 1, &checkpoint::serialize(&ns))
+    checkpoint::write(region, g, 0, 1, &ns)
 }
 
 /// An open file system.
@@ -313,8 +313,7 @@ impl Volume {
             None => 0,
         };
         let seq = self.log.next_seq();
-        let body = checkpoint::serialize(&self.ns);
-        checkpoint::write(self.image.region(), &sb.geometry, slot, seq, &body)?;
+        checkpoint::write(self.image.region(), &sb.geometry, slot, seq, &self.ns)?;
         let mut next = sb;
         next.checkpoint = Some(kucofs_common::format::CheckpointRef { slot, seq });
         next.log_seq = seq;

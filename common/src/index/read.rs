@@ -457,6 +457,86 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         }
     }
 
+    /// Calls `f(name, ino)` for every entry of `dir`, in no set order, with
+    /// no allocation: the single writer's way to list a directory whole (a
+    /// reader that may race the writer pages with [`IndexReader::read_dir`]).
+    ///
+    /// Each bucket's entries lie between its sentinel and the next
+    /// bucket's, and the entries of a large directory lie wherever they
+    /// were made: walking the one list node by node is a cache miss per
+    /// entry. So the chains of [`CHAINS`] buckets are walked in step, each
+    /// next node prefetched, and their misses overlap.
+    pub fn for_each_entry(&self, dir: u64, mut f: impl FnMut(&[u8], u64)) {
+        const CHAINS: usize = 32;
+        let mut buf = [0u8; NAME_MAX];
+        let mut visit = |x: u64| {
+            let n = self.name_into(x, &mut buf);
+            f(
+                &buf[..n],
+                self.mem.load_u64(x.wrapping_add(D_INO), Ordering::Relaxed),
+            );
+        };
+        let table = self
+            .mem
+            .load_u64(dir.wrapping_add(I_BUCKETS), Ordering::Acquire);
+        let bits = self
+            .mem
+            .load_u64(table.wrapping_add(B_BITS), Ordering::Relaxed) as u32;
+        let slot = |b: u64| {
+            self.mem
+                .load_u64(table.wrapping_add(B_SLOTS + 8 * b), Ordering::Acquire)
+        };
+        let buckets = 1u64 << bits.min(BUCKET_BITS_MAX);
+        let chained = table != 0
+            && (BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits)
+            && slot(0) == self.dir_head(dir)
+            && (0..buckets).all(|b| slot(b) != 0);
+        if !chained {
+            // No table (or one still being built): the list, node by node.
+            let mut x = self.next(self.dir_head(dir));
+            while x != 0 {
+                if !self.is_marker(x) {
+                    visit(x);
+                }
+                x = self.next(x);
+            }
+            return;
+        }
+        let mut first = 0;
+        while first < buckets {
+            let n = (CHAINS as u64).min(buckets - first) as usize;
+            // Each chain's next node; 0 once it reached a marker (the next
+            // bucket's sentinel) or the end.
+            let mut at = [0u64; CHAINS];
+            let mut left = 0;
+            for (i, a) in at.iter_mut().enumerate().take(n) {
+                *a = self.next(slot(first + i as u64));
+                self.mem.prefetch(*a);
+                left += usize::from(*a != 0);
+            }
+            while left > 0 {
+                for a in at.iter_mut().take(n) {
+                    if *a == 0 {
+                        continue;
+                    }
+                    if self.is_marker(*a) {
+                        *a = 0;
+                        left -= 1;
+                        continue;
+                    }
+                    let x = *a;
+                    *a = self.next(x);
+                    self.mem.prefetch(*a);
+                    visit(x);
+                    if *a == 0 {
+                        left -= 1;
+                    }
+                }
+            }
+            first += n as u64;
+        }
+    }
+
     /// A symlink's target, or `None` if `inode` is not a symlink.
     pub fn readlink(&self, inode: u64) -> Option<Vec<u8>> {
         if self.kind(inode) != Some(Kind::Symlink) {

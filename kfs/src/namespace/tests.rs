@@ -529,3 +529,75 @@ fn requests_whose_every_address_is_stale_still_do_the_right_thing() {
         .windows(2)
         .all(|w| (w[0].hash, &w[0].name) < (w[1].hash, &w[1].name)));
 }
+
+/// Every record `walk` gives, sorted: inodes as (ino, nlink, target), entries
+/// as (parent, name, ino).
+type Records = (Vec<(u64, u32, Option<Vec<u8>>)>, Vec<(u64, Vec<u8>, u64)>);
+
+fn records(ns: &Namespace, scan: bool) -> Records {
+    let (mut inodes, mut entries) = (Vec::new(), Vec::new());
+    let on_inode = |a: &InodeAttr, t: Option<Vec<u8>>| inodes.push((a.ino, a.nlink, t));
+    let on_entry = |p: u64, n: &[u8], i: u64| entries.push((p, n.to_vec(), i));
+    if scan {
+        ns.scan(on_inode, on_entry);
+    } else {
+        ns.walk(on_inode, on_entry);
+    }
+    inodes.sort();
+    entries.sort();
+    (inodes, entries)
+}
+
+#[test]
+fn a_scan_finds_what_a_walk_finds_in_a_grown_directory_with_links() {
+    let mut ns = ns();
+    mkdir(&mut ns, "big").unwrap();
+    mkdir(&mut ns, "big/sub").unwrap();
+    mkdir(&mut ns, "emptied").unwrap();
+    for i in 0..3000 {
+        create(&mut ns, &format!("big/f{i}")).unwrap();
+    }
+    // Holes in the chains, and in the inode numbers.
+    for i in (0..3000).step_by(7) {
+        unlink(&mut ns, &format!("big/f{i}"), false).unwrap();
+    }
+    create(&mut ns, "emptied/x").unwrap();
+    unlink(&mut ns, "emptied/x", false).unwrap();
+    ns.execute(
+        &Request::Link {
+            from: b"big/f1",
+            to: b"big/sub/also-f1",
+            hint: None,
+        },
+        ME,
+    )
+    .unwrap();
+    ns.execute(
+        &Request::Create {
+            path: b"big/sub/link",
+            mode: libc::S_IFLNK | 0o777,
+            target: b"../f2",
+            hint: None,
+        },
+        ME,
+    )
+    .unwrap();
+    let walked = records(&ns, false);
+    let scanned = records(&ns, true);
+    // 3000 - 429 files, 3 directories and the root, one symlink.
+    assert_eq!(walked.0.len(), 3000 - 429 + 5);
+    assert_eq!(walked.1.len(), 3000 - 429 + 5);
+    assert_eq!(scanned, walked);
+    // The big directory grew past its first table, so its chains were
+    // walked in step.
+    let r = ns.reader();
+    let big = r.resolve(b"big", true).unwrap();
+    let table = r
+        .mem()
+        .load_u64(big + I_BUCKETS, std::sync::atomic::Ordering::Acquire);
+    assert!(
+        r.mem()
+            .load_u64(table + B_BITS, std::sync::atomic::Ordering::Relaxed)
+            > 8
+    );
+}
