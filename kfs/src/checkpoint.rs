@@ -40,7 +40,6 @@ struct Sink<'a> {
     /// Region offset the next chunk goes to, and the slot's end.
     at: u64,
     end: u64,
-    len: u64,
     crc: u32,
     failed: Option<Errno>,
 }
@@ -56,7 +55,6 @@ impl Sink<'_> {
             } else {
                 self.crc = crc32c::crc32c_append(self.crc, &self.buf);
                 self.at += n;
-                self.len += n;
             }
         }
         self.buf.clear();
@@ -81,70 +79,62 @@ pub fn write(
     ns: &Namespace,
 ) -> Result<(), Errno> {
     let area = g.checkpoint_slot(slot);
-    let sink = Sink {
+    let body = area.offset() + CHECKPOINT_HEADER_SIZE as u64;
+    let mut sink = Sink {
         region,
         buf: Vec::with_capacity(CHUNK + 4096),
-        at: area.offset() + CHECKPOINT_HEADER_SIZE as u64,
+        at: body,
         end: area.offset() + area.len(),
-        len: 0,
         crc: 0,
         failed: None,
     };
     let (mut inodes, mut entries) = (0, 0);
-    // Two closures write into one sink in turn, so it is shared through a
-    // RefCell.
-    let out = std::cell::RefCell::new(sink);
-    ns.scan(
-        |a, target| {
-            inodes += 1;
-            let mut b = out.borrow_mut();
-            let mut w = Writer(&mut b.buf);
-            w.u8(INODE);
-            w.u64(a.ino);
-            for v in [a.mode, a.nlink, a.uid, a.gid] {
-                w.u32(v);
-            }
-            w.u64(a.size);
-            for t in [a.atime, a.mtime, a.ctime, a.btime] {
-                w.u64(t as u64);
-            }
-            w.bytes(&target.unwrap_or_default());
-            if a.kind() == Some(kucofs_common::index::Kind::File) {
-                let mut runs: Vec<(u64, u64, u32)> = Vec::new();
-                ns.file_pages(a.offset, |fp, dp| match runs.last_mut() {
-                    Some(r) if r.0 + u64::from(r.2) == fp && r.1 + u64::from(r.2) == dp => r.2 += 1,
-                    _ => runs.push((fp, dp, 1)),
-                });
-                if !runs.is_empty() {
-                    w.u8(PAGES);
-                    w.u64(a.ino);
-                    w.u32(runs.len() as u32);
-                    for (fp, dp, n) in runs {
-                        w.u64(fp);
-                        w.u64(dp);
-                        w.u32(n);
-                    }
+    ns.for_each_inode(|a| {
+        inodes += 1;
+        let mut w = Writer(&mut sink.buf);
+        w.u8(INODE);
+        w.u64(a.ino);
+        for v in [a.mode, a.nlink, a.uid, a.gid] {
+            w.u32(v);
+        }
+        w.u64(a.size);
+        for t in [a.atime, a.mtime, a.ctime, a.btime] {
+            w.u64(t as u64);
+        }
+        w.bytes(&ns.reader().readlink(a.offset).unwrap_or_default());
+        if a.kind() == Some(kucofs_common::index::Kind::File) {
+            let mut runs: Vec<(u64, u64, u32)> = Vec::new();
+            ns.file_pages(a.offset, |fp, dp| match runs.last_mut() {
+                Some(r) if r.0 + u64::from(r.2) == fp && r.1 + u64::from(r.2) == dp => r.2 += 1,
+                _ => runs.push((fp, dp, 1)),
+            });
+            if !runs.is_empty() {
+                w.u8(PAGES);
+                w.u64(a.ino);
+                w.u32(runs.len() as u32);
+                for (fp, dp, n) in runs {
+                    w.u64(fp);
+                    w.u64(dp);
+                    w.u32(n);
                 }
             }
-            b.maybe_drain();
-        },
-        |parent, name, ino| {
-            entries += 1;
-            let mut b = out.borrow_mut();
-            let mut w = Writer(&mut b.buf);
-            w.u8(ENTRY);
-            w.u64(parent);
-            w.u64(ino);
-            w.bytes(name);
-            b.maybe_drain();
-        },
-    );
-    let mut sink = out.into_inner();
+        }
+        sink.maybe_drain();
+    });
+    ns.for_each_entry(|parent, name, ino| {
+        entries += 1;
+        let mut w = Writer(&mut sink.buf);
+        w.u8(ENTRY);
+        w.u64(parent);
+        w.u64(ino);
+        w.bytes(name);
+        sink.maybe_drain();
+    });
     sink.drain();
     if let Some(e) = sink.failed {
         return Err(e);
     }
-    let header = CheckpointHeader::with_crc(seq, sink.len, sink.crc, inodes, entries);
+    let header = CheckpointHeader::with_crc(seq, sink.at - body, sink.crc, inodes, entries);
     region
         .write_nt(area.offset(), &header.encode())
         .map_err(|_| Errno::EIO)?;

@@ -315,14 +315,11 @@ fn check_pages(view: &RegionView, sb: &Superblock, ns: &Namespace, report: &mut 
     let g = sb.geometry;
     let mut owner: HashMap<u64, u64> = HashMap::new();
     let mut files = Vec::new();
-    ns.walk(
-        |a, _| {
-            if a.kind() == Some(Kind::File) {
-                files.push(*a);
-            }
-        },
-        |_, _, _| {},
-    );
+    ns.for_each_inode(|a| {
+        if a.kind() == Some(Kind::File) {
+            files.push(*a);
+        }
+    });
     for a in &files {
         let mut count = 0u64;
         let mut past_end = false;

@@ -1010,52 +1010,56 @@ impl Namespace {
         Ok(())
     }
 
-    /// Visits every inode that has a name (a directory, or a link count
-    /// above zero), in inode-number order, then every entry of every
-    /// directory (parent ino, name, ino). The same records as
-    /// [`Namespace::walk`] in another order, found through the inode table
-    /// rather than through the names: the table and the inodes are read in
-    /// the order they were made, so a large namespace costs a sequential
-    /// read instead of a cache miss per inode (a checkpoint's serialization
-    /// is this). Reachability is not checked: fsck uses `walk` for that.
-    pub fn scan(
-        &self,
-        mut inode_fn: impl FnMut(&InodeAttr, Option<Vec<u8>>),
-        mut entry_fn: impl FnMut(u64, &[u8], u64),
-    ) {
+    /// Calls `f` for every inode that has a name (a directory, or a link
+    /// count above zero), in inode-number order. Found through the inode
+    /// table rather than through the names: the table and the inodes are
+    /// read in the order they were made, so a large namespace costs a
+    /// sequential read, not a cache miss per inode. (An unlinked file still
+    /// open is left out, as recovery would drop it. Whether every inode is
+    /// reachable is fsck's `check_tree`'s question.)
+    pub fn for_each_inode(&self, mut f: impl FnMut(&InodeAttr)) {
         let r = self.reader();
-        let mut dirs = Vec::new();
-        // Inodes a few numbers ahead are fetched while this one is read.
-        const AHEAD: u64 = 8;
-        for ino in ROOT_INO..self.next_ino {
-            let ahead = r.inode_by_ino(ino + AHEAD);
-            if ahead != 0 {
-                r.mem().prefetch(ahead + I_SEQ);
-                r.mem().prefetch(ahead + I_SIZE);
+        // Inodes AHEAD numbers on are fetched while this one is read; their
+        // offsets wait in a ring, so each table slot is read once.
+        const AHEAD: usize = 8;
+        let mut ring = [0u64; AHEAD];
+        let end = self.next_ino;
+        for ino in ROOT_INO..end + AHEAD as u64 {
+            let slot = ino as usize % AHEAD;
+            let inode = ring[slot];
+            ring[slot] = if ino < end { r.inode_by_ino(ino) } else { 0 };
+            if ring[slot] != 0 {
+                r.mem().prefetch(ring[slot] + I_SEQ);
+                r.mem().prefetch(ring[slot] + I_SIZE);
             }
-            let inode = r.inode_by_ino(ino);
             if inode == 0 {
                 continue;
             }
             let Some(a) = r.attr(inode) else { continue };
-            let dir = a.kind() == Some(Kind::Dir);
-            // An unlinked file still open has no name: a checkpoint leaves
-            // it out, as recovery would drop it.
-            if !dir && a.nlink == 0 {
-                continue;
-            }
-            inode_fn(&a, r.readlink(inode));
-            if dir {
-                dirs.push((a.ino, inode));
+            if a.kind() == Some(Kind::Dir) || a.nlink > 0 {
+                f(&a);
             }
         }
-        for (dir_ino, dir) in dirs {
-            r.for_each_entry(dir, |name, ino| entry_fn(dir_ino, name, ino));
+    }
+
+    /// Calls `f(parent ino, name, ino)` for every entry of every directory,
+    /// directories in inode-number order (see [`IndexReader::for_each_entry`]
+    /// for the order within one).
+    pub fn for_each_entry(&self, mut f: impl FnMut(u64, &[u8], u64)) {
+        let r = self.reader();
+        for ino in ROOT_INO..self.next_ino {
+            let dir = r.inode_by_ino(ino);
+            if dir != 0 && r.kind(dir) == Some(Kind::Dir) {
+                r.for_each_entry(dir, |name, child| f(ino, name, child));
+            }
         }
     }
 
     /// Visits the tree depth-first from the root: every inode once, before
     /// any entry that names it, and every entry (parent ino, name, ino).
+    /// The tests' reference for [`Namespace::for_each_inode`] and
+    /// [`Namespace::for_each_entry`].
+    #[cfg(test)]
     pub fn walk(
         &self,
         mut inode_fn: impl FnMut(&InodeAttr, Option<Vec<u8>>),

@@ -114,14 +114,11 @@ pub fn recover(
 /// Every data page the files of `ns` hold.
 pub fn used_pages(ns: &Namespace) -> Vec<u64> {
     let mut used = Vec::new();
-    ns.scan(
-        |a, _| {
-            if a.kind() == Some(Kind::File) {
-                ns.file_pages(a.offset, |_, p| used.push(p));
-            }
-        },
-        |_, _, _| {},
-    );
+    ns.for_each_inode(|a| {
+        if a.kind() == Some(Kind::File) {
+            ns.file_pages(a.offset, |_, p| used.push(p));
+        }
+    });
     used
 }
 
