@@ -181,37 +181,40 @@ impl<'a, W: Words + ?Sized> MapReader<'a, W> {
     }
 }
 
-impl<W: Words + ?Sized> EntrySource for MapReader<'_, W> {
-    fn entry(&self, page: u64) -> u64 {
+impl<W: Words + ?Sized> MapReader<'_, W> {
+    /// The offset of page `page`'s entry; `None` if the tree does not reach
+    /// it (a hole).
+    pub fn slot(&self, page: u64) -> Option<u64> {
         let w = self.word;
         if page >= word_capacity(w) {
-            return 0;
+            return None;
         }
         let mut node = w & MAP_ROOT;
-        if w & MAP_SMALL == 0 {
-            let mut level = (w & MAP_HEIGHT) as u32;
-            while level > 0 {
-                let digit = digit(page, level);
-                // Acquire: pairs with Kfs's Release store of a child link,
-                // made after the child was zeroed.
-                node = self
-                    .mem
-                    .load_u64(node + N_SLOTS + 8 * digit, Ordering::Acquire);
-                if node == 0 {
-                    return 0;
-                }
-                level -= 1;
-            }
+        if w & MAP_SMALL != 0 {
+            return Some(node + N_SLOTS + 8 * page);
         }
-        let digit = if w & MAP_SMALL != 0 {
-            page
-        } else {
-            digit(page, 0)
-        };
+        let mut level = (w & MAP_HEIGHT) as u32;
+        while level > 0 {
+            // Acquire: pairs with Kfs's Release store of a child link, made
+            // after the child was zeroed.
+            node = self
+                .mem
+                .load_u64(node + N_SLOTS + 8 * digit(page, level), Ordering::Acquire);
+            if node == 0 {
+                return None;
+            }
+            level -= 1;
+        }
+        Some(node + N_SLOTS + 8 * digit(page, 0))
+    }
+}
+
+impl<W: Words + ?Sized> EntrySource for MapReader<'_, W> {
+    fn entry(&self, page: u64) -> u64 {
         // Acquire: pairs with Kfs's Release store of the entry, made after
         // the page's data was persisted.
-        self.mem
-            .load_u64(node + N_SLOTS + 8 * digit, Ordering::Acquire)
+        self.slot(page)
+            .map_or(0, |at| self.mem.load_u64(at, Ordering::Acquire))
     }
 }
 
@@ -235,6 +238,14 @@ pub fn entries_unchanged(src: &impl EntrySource, first: u64, snapshot: &[u64]) -
 pub trait EntryStore: EntrySource {
     /// Stores the entry of file page `page` with `Release`.
     fn set_entry(&mut self, page: u64, e: u64);
+
+    /// Stores the entry of file page `page` and returns the one it
+    /// replaced (a store that can reach the slot once does so).
+    fn swap_entry(&mut self, page: u64, e: u64) -> u64 {
+        let old = self.entry(page);
+        self.set_entry(page, e);
+        old
+    }
 }
 
 /// The version a commit of pages `first..first + n` should use: the one
@@ -281,8 +292,6 @@ pub fn publish(
         store.set_entry(first + n, right | E_START);
     }
     for (i, &p) in pages.iter().enumerate() {
-        let at = first + i as u64;
-        replaced.push(store.entry(at));
         let mut e = entry(p, version);
         if i == 0 {
             e |= E_START;
@@ -290,7 +299,7 @@ pub fn publish(
         if i as u64 == n - 1 {
             e |= E_END;
         }
-        store.set_entry(at, e);
+        replaced.push(store.swap_entry(first + i as u64, e));
     }
 }
 

@@ -31,12 +31,19 @@ impl EntrySource for MapWriter<'_> {
 
 impl EntryStore for MapWriter<'_> {
     fn set_entry(&mut self, page: u64, e: u64) {
+        self.swap_entry(page, e);
+    }
+
+    fn swap_entry(&mut self, page: u64, e: u64) -> u64 {
         // Every slot a commit stores into was made by `ensure` first; the
         // neighbours' slots it may flag exist whenever they hold an entry.
-        if let Some(slot) = self.view().slot(page) {
-            // Release: pairs with the reader's Acquire load of the entry.
-            let _ = self.arena.put(slot, e);
-        }
+        let Some(slot) = MapReader::new(self.arena.shm(), self.word).slot(page) else {
+            return 0;
+        };
+        let old = self.arena.get(slot);
+        // Release: pairs with the reader's Acquire load of the entry.
+        let _ = self.arena.put(slot, e);
+        old
     }
 }
 
@@ -114,28 +121,6 @@ struct MapRef<'a> {
 }
 
 impl MapRef<'_> {
-    /// The offset of page `page`'s entry, if its leaf exists.
-    fn slot(&self, page: u64) -> Option<u64> {
-        let w = self.word;
-        if page >= word_capacity(w) {
-            return None;
-        }
-        let mut node = w & MAP_ROOT;
-        if w & MAP_SMALL != 0 {
-            return Some(node + N_SLOTS + 8 * page);
-        }
-        let mut level = (w & MAP_HEIGHT) as u32;
-        while level > 0 {
-            let digit = blockmap::digit(page, level);
-            node = self.arena.get(node + N_SLOTS + 8 * digit);
-            if node == 0 {
-                return None;
-            }
-            level -= 1;
-        }
-        Some(node + N_SLOTS + 8 * blockmap::digit(page, 0))
-    }
-
     /// Calls `f(page, entry)` for every non-hole entry, in page order.
     fn for_each(&self, mut f: impl FnMut(u64, u64)) {
         let w = self.word;
