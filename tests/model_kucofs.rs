@@ -7,6 +7,8 @@
 
 mod model;
 
+mod support;
+
 use std::io;
 use std::path::Path;
 
@@ -158,10 +160,9 @@ fn config(route: Route) -> Config {
 }
 
 fn check(ops: &[Op], route: Route) -> Result<(), TestCaseError> {
-    let dir = tempfile::Builder::new()
-        .prefix("kucofs-model-")
-        .tempdir_in("/dev/shm")
-        .expect("temp dir");
+    let Some(dir) = support::shm_dir("kucofs-model-") else {
+        return Ok(());
+    };
     let image = dir.path().join("img");
     kucofs_kfs::mkfs(&image, 4 << 20, false).expect("mkfs");
     let fs = Fs::open_with(&image, config(route)).expect("open");
@@ -174,6 +175,15 @@ fn check(ops: &[Op], route: Route) -> Result<(), TestCaseError> {
     }
     let want = model.tree();
     prop_assert_eq!(&tree(&fs), &want, "tree after {:?}", ops);
+    // The route asked for is the one taken: queued requests apply nothing
+    // directly, and without collaborative indexing none carries addresses.
+    let stats = fs.kfs_stats().expect("Kfs runs");
+    if !matches!(route, Route::Direct) {
+        prop_assert_eq!(stats.direct, 0, "{}", stats);
+    }
+    if matches!(route, Route::QueuedNoHints) {
+        prop_assert_eq!(stats.hints_used + stats.hints_stale, 0, "{}", stats);
+    }
     fs.close().expect("close");
     let fs = Fs::open_with(&image, config(route)).expect("reopen");
     prop_assert_eq!(&tree(&fs), &want, "tree after a clean reopen");

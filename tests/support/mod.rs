@@ -17,3 +17,20 @@ pub fn shm_dir(prefix: &str) -> Option<tempfile::TempDir> {
             .expect("a temporary directory under /dev/shm"),
     )
 }
+
+/// The command that runs test `name` of this test binary alone, in a child
+/// process. The child tests are `#[ignore]`d, so that a plain `cargo test`
+/// does not run them without the parent's setup; this command asks for them.
+#[allow(dead_code)] // Not every test binary runs children.
+pub fn child_test(name: &str) -> std::process::Command {
+    let mut c =
+        std::process::Command::new(std::env::current_exe().expect("the test binary's path"));
+    c.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    c
+}

@@ -10,8 +10,10 @@
 //!     cargo test -p kucofs-ulib --release --test loom_range_lock
 //! ```
 //!
-//! Each model also runs against a deliberately broken lock and must fail
-//! there, which shows it can see the bug it is meant to catch.
+//! Each model of `lock` also runs against a deliberately broken lock and
+//! must fail there, which shows it can see the bug it is meant to catch.
+//! (`try_lock_excludes_like_lock` has no broken twin: the broken locks have
+//! no `try_lock`.)
 
 use kucofs_ulib::range_lock::{RangeGuard, RangeLock};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
