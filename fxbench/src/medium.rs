@@ -4,8 +4,10 @@
 //!
 //! - **Page protection** ([`kucofs_common::pm::Protector::set`], i.e.
 //!   `mprotect` on a client's read-only view): one page made writable and
-//!   back, and a 256-page range made writable and back, per page; each
-//!   alone and with a second thread of the process busy on another CPU.
+//!   back, and a batch's worth ([`BATCH_PAGES`]) made writable and back,
+//!   per page; each alone and with a second thread of the process spinning
+//!   (on the other CPU, when the scheduler has one free: the figures mean
+//!   most on a machine with two or more).
 //!   Under `batched`, each page written is made writable (with its pool)
 //!   and read-only again (with its batch), so the 256-page figure is its
 //!   cost per page; `strict` makes each commit's pages read-only on their
@@ -31,7 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use kucofs_common::pm::{Region, RegionView};
+use kucofs_common::pm::{Region, RegionView, BATCH_PAGES};
 use serde::Serialize;
 
 use crate::rng::XorShift64;
@@ -43,14 +45,14 @@ const SMALL: u64 = 64 << 20;
 /// Region (and huge-page buffer) for the random reads: larger than any
 /// last-level cache, as RNDRD's file is.
 const LARGE: u64 = 256 << 20;
-const PAGE: u64 = 4096;
+const PAGE: u64 = kucofs_common::format::PAGE_SIZE;
 const HUGE: usize = 2 << 20;
 
 /// One measured figure.
 #[derive(Debug, Clone, Serialize)]
 pub struct Figure {
     /// What was measured.
-    pub what: &'static str,
+    pub what: String,
     /// Nanoseconds per operation (median of [`ROUNDS`]).
     pub ns: f64,
     /// What one operation is.
@@ -88,37 +90,29 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
             })?;
             Ok(per_call / pages as f64)
         };
-        figures.push(Figure {
-            what: "protection: 1 page writable and back",
-            ns: protect(1, 2000)?,
-            per: "page",
-        });
-        figures.push(Figure {
-            what: "protection: 256 pages writable and back",
-            ns: protect(256, 40)?,
-            per: "page",
-        });
-        let busy = Busy::start();
-        figures.push(Figure {
-            what: "protection: 1 page, another thread running",
-            ns: protect(1, 2000)?,
-            per: "page",
-        });
-        figures.push(Figure {
-            what: "protection: 256 pages, another thread running",
-            ns: protect(256, 40)?,
-            per: "page",
-        });
-        drop(busy);
+        for busy in [false, true] {
+            let _spinner = busy.then(Busy::start);
+            for (pages, iters) in [(1, 2000), (BATCH_PAGES, 40)] {
+                let what = match busy {
+                    false => format!("protection: {pages} page(s) writable and back"),
+                    true => format!("protection: {pages} page(s), another thread running"),
+                };
+                figures.push(Figure {
+                    what,
+                    ns: protect(pages, iters)?,
+                    per: "page",
+                });
+            }
+        }
 
         let data = vec![0x5au8; PAGE as usize];
         let pages = SMALL / PAGE;
         figures.push(Figure {
-            what: "persist 4 KiB: non-temporal copy + fence, random page",
+            what: "persist 4 KiB: non-temporal copy + fence, random page".into(),
             ns: {
                 let mut rng = XorShift64::new(1);
                 ns_per(100_000, || {
-                    region.write_nt(rng.next_u64() % pages * PAGE, &data)?;
+                    region.write_nt(rng.below(pages) * PAGE, &data)?;
                     region.fence();
                     Ok(())
                 })?
@@ -126,7 +120,7 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
             per: "4 KiB",
         });
         figures.push(Figure {
-            what: "overwrite 4 KiB in place: cached copy, same page",
+            what: "overwrite 4 KiB in place: cached copy, same page".into(),
             ns: ns_per(
                 100_000,
                 || Ok(region.write(0, std::hint::black_box(&data))?),
@@ -143,11 +137,11 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
     let mut buf = vec![0u8; PAGE as usize];
     let reads = 200_000u64;
     figures.push(Figure {
-        what: "read 4 KiB at a random page: client view (4 KiB pages)",
+        what: "read 4 KiB at a random page: client view (4 KiB pages)".into(),
         ns: {
             let mut rng = XorShift64::new(2);
             ns_per(reads, || {
-                view.read(rng.next_u64() % (LARGE / PAGE) * PAGE, &mut buf)?;
+                view.read(rng.below(LARGE / PAGE) * PAGE, &mut buf)?;
                 std::hint::black_box(&buf);
                 Ok(())
             })?
@@ -175,11 +169,11 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
     aligned.fill(1);
     let huge_pages_granted = anon_huge_kib().saturating_sub(before) >= (LARGE >> 11);
     figures.push(Figure {
-        what: "read 4 KiB at a random page: memory on 2 MiB pages",
+        what: "read 4 KiB at a random page: memory on 2 MiB pages".into(),
         ns: {
             let mut rng = XorShift64::new(2);
             ns_per(reads, || {
-                let at = (rng.next_u64() % (LARGE / PAGE) * PAGE) as usize;
+                let at = (rng.below(LARGE / PAGE) * PAGE) as usize;
                 buf.copy_from_slice(&aligned[at..at + PAGE as usize]);
                 std::hint::black_box(&buf);
                 Ok(())
@@ -243,23 +237,29 @@ fn anon_huge_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// A thread spinning on another CPU until dropped.
+/// A thread of this process spinning until dropped.
 struct Busy {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Busy {
+    /// Starts the spinner and returns once it runs.
     fn start() -> Busy {
         let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
+        let running = Arc::new(AtomicBool::new(false));
+        let (s, r) = (stop.clone(), running.clone());
         let thread = std::thread::spawn(move || {
-            // Relaxed: only the stop request crosses threads, and a late
-            // sight of it costs a few more spins.
+            // Relaxed, both flags: they carry no data, and a late sight of
+            // either costs a few more spins.
+            r.store(true, Ordering::Relaxed);
             while !s.load(Ordering::Relaxed) {
                 std::hint::spin_loop();
             }
         });
+        while !running.load(Ordering::Relaxed) {
+            std::thread::yield_now();
+        }
         Busy {
             stop,
             thread: Some(thread),

@@ -5,8 +5,9 @@
 //! process, checking the block map's versions around the copy (DESIGN §7):
 //! no lock and no request. Writes copy on write (DESIGN §8): under a range
 //! lock on the pages they touch, they fill fresh pages of this thread's
-//! pool with the old bytes and the new, persist them, and send Kfs one
-//! commit per 1 MiB; Kfs makes the change durable before it replies.
+//! pool with the old bytes and the new, persist them, and send Kfs a commit
+//! for every 256 pages they touch (fewer when a thread's pool hands out
+//! scattered runs); Kfs makes the change durable before it replies.
 
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
@@ -196,8 +197,11 @@ impl File {
         self.ino
     }
 
-    /// The file's size. No reader epoch: Kfs keeps an open file's inode
-    /// (its open count pins it), so the word stays this file's.
+    /// The file's size. No reader epoch: Kfs keeps an open regular file's
+    /// inode (its open count pins it), so the word stays this file's. (A
+    /// directory opened as a `File` is not pinned; this word of its inode
+    /// is only read for `seek(SeekFrom::End)`, where a removed directory's
+    /// stale size is as good an answer as any.)
     fn size(&self) -> u64 {
         // Acquire: pairs with Kfs's Release store of the size, made after
         // the entries under it.
@@ -384,16 +388,19 @@ impl File {
                 region.write_pool(dst * PAGE, src).map_err(common_err)?;
                 continue;
             }
-            page.fill(0);
             // Old bytes: only those inside the file (past its end, a page
-            // may hold what a shrink left behind).
+            // may hold what a shrink left behind); zeros for a hole and past
+            // the end.
             let old = size.saturating_sub(ps).min(PAGE) as usize;
             let e = map.entry(fp);
             if old > 0 && e != 0 {
                 region
                     .read(entry_page(e) * PAGE, &mut page[..old])
                     .map_err(common_err)?;
+            } else {
+                page[..old].fill(0);
             }
+            page[old..].fill(0);
             page[(ds - ps) as usize..(de - ps) as usize].copy_from_slice(src);
             region.write_pool(dst * PAGE, &page).map_err(common_err)?;
         }

@@ -229,7 +229,7 @@ impl Inner {
             if pool.0 == pool.1 {
                 match self.call_as(slot, &Request::Grant { pages: POOL_PAGES }) {
                     Ok(r) => *pool = (r.inode, r.inode + r.value),
-                    Err(_) if out.pages() > 0 => break,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && out.pages() > 0 => break,
                     Err(e) => return Err(e),
                 }
             }
@@ -333,20 +333,27 @@ impl Fs {
     /// Closes the file system: Kfs finishes, checkpoints, and marks the
     /// image clean.
     pub fn close(self) -> io::Result<()> {
-        self.inner.closed.store(true, Ordering::Release);
-        let kfs = self.inner.kfs.lock().take();
-        match kfs {
-            Some(k) => k.shutdown().map_err(kfs_err),
-            None => Ok(()),
-        }
+        self.stop(false)
     }
 
     /// Stops as a crash would: no checkpoint, no clean flag; the next open
     /// recovers from the log. For crash tests.
     pub fn simulate_crash(self) {
+        let _ = self.stop(true);
+    }
+
+    /// Refuses further requests and stops Kfs, cleanly or as a crash
+    /// would; the first of `close`, `simulate_crash` and drop does it.
+    fn stop(&self, crash: bool) -> io::Result<()> {
         self.inner.closed.store(true, Ordering::Release);
-        if let Some(k) = self.inner.kfs.lock().take() {
-            k.crash();
+        let kfs = self.inner.kfs.lock().take();
+        match kfs {
+            Some(k) if crash => {
+                k.crash();
+                Ok(())
+            }
+            Some(k) => k.shutdown().map_err(kfs_err),
+            None => Ok(()),
         }
     }
 
@@ -701,9 +708,6 @@ impl Fs {
 
 impl Drop for Fs {
     fn drop(&mut self) {
-        self.inner.closed.store(true, Ordering::Release);
-        if let Some(k) = self.inner.kfs.lock().take() {
-            let _ = k.shutdown();
-        }
+        let _ = self.stop(false);
     }
 }

@@ -89,14 +89,6 @@ mod tests {
     use super::*;
     use crate::harness::{self, Budget};
 
-    fn stamps(path: &Path) -> Vec<u64> {
-        std::fs::read(path)
-            .unwrap()
-            .chunks_exact(BLOCK)
-            .map(block::stamp_of)
-            .collect()
-    }
-
     #[test]
     fn appends_fill_the_file_up_to_the_cap_then_start_again_from_empty() {
         let (tmp, fs) = scratch();
@@ -107,16 +99,16 @@ mod tests {
         for _ in 0..3 {
             w.step(&fs).unwrap();
         }
-        assert_eq!(stamps(&file), [0, 1, 2]);
+        assert_eq!(block::stamps(&file), [0, 1, 2]);
         // A round cut short: the next one offers what is left.
         assert_eq!(w.prepare(&fs, 100).unwrap(), 1);
         w.step(&fs).unwrap();
-        assert_eq!(stamps(&file), [0, 1, 2, 3]);
+        assert_eq!(block::stamps(&file), [0, 1, 2, 3]);
         // Full: emptied, untimed, and offered whole again.
         assert_eq!(w.prepare(&fs, 2).unwrap(), 2);
-        assert!(stamps(&file).is_empty());
+        assert!(block::stamps(&file).is_empty());
         w.step(&fs).unwrap();
-        assert_eq!(stamps(&file), [4]);
+        assert_eq!(block::stamps(&file), [4]);
     }
 
     #[test]
@@ -127,7 +119,10 @@ mod tests {
         assert_eq!(out.ops, 20);
         // 10 appends with a cap of 3: 3, 3, 3, then 1 in a fresh file.
         for w in ["w0", "w1"] {
-            assert_eq!(stamps(&tmp.path().join("run").join(w).join("file")), [9]);
+            assert_eq!(
+                block::stamps(&tmp.path().join("run").join(w).join("file")),
+                [9]
+            );
         }
     }
 }

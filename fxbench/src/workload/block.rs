@@ -72,6 +72,16 @@ pub(super) fn stamp_of(block: &[u8]) -> u64 {
     u64::from_le_bytes(block[..8].try_into().expect("a block has 8 bytes"))
 }
 
+/// The stamps of every block of the file at `path` (read through std).
+#[cfg(test)]
+pub(super) fn stamps(path: &Path) -> Vec<u64> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(BLOCK)
+        .map(stamp_of)
+        .collect()
+}
+
 /// Opens `path`, naming it on failure.
 pub(super) fn open(
     fs: &dyn Backend,

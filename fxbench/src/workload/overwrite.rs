@@ -139,16 +139,6 @@ mod tests {
     use super::super::tests::{scratch, steps};
     use super::*;
     use crate::backend::DirBackend;
-    use crate::workload::BLOCK;
-
-    /// The stamps of every block of `path`.
-    fn stamps(path: &Path) -> Vec<u64> {
-        std::fs::read(path)
-            .unwrap()
-            .chunks_exact(BLOCK)
-            .map(block::stamp_of)
-            .collect()
-    }
 
     #[test]
     fn dwol_leaves_the_last_stamp_in_block_0_of_each_file() {
@@ -156,7 +146,10 @@ mod tests {
         let mut workers = private_block(&fs, Path::new("run"), 2).unwrap();
         steps(&fs, &mut workers, 7);
         for w in ["w0", "w1"] {
-            assert_eq!(stamps(&tmp.path().join("run").join(w).join("file")), [6]);
+            assert_eq!(
+                block::stamps(&tmp.path().join("run").join(w).join("file")),
+                [6]
+            );
         }
     }
 
@@ -165,14 +158,14 @@ mod tests {
         let (tmp, fs) = scratch();
         let mut workers = shared_file(&fs, Path::new("run"), 3).unwrap();
         let shared = tmp.path().join("run/shared");
-        assert_eq!(stamps(&shared), [0, 1, 2]);
+        assert_eq!(block::stamps(&shared), [0, 1, 2]);
         assert_eq!(workers[1].prepare(&fs, 5).unwrap(), 5);
         for _ in 0..5 {
             workers[1].step(&fs).unwrap();
         }
-        assert_eq!(stamps(&shared), [0, 4, 2]);
+        assert_eq!(block::stamps(&shared), [0, 4, 2]);
         steps(&fs, &mut workers, 10);
-        assert_eq!(stamps(&shared), [9, 14, 9]);
+        assert_eq!(block::stamps(&shared), [9, 14, 9]);
     }
 
     #[test]
@@ -180,9 +173,9 @@ mod tests {
         let (tmp, fs) = scratch();
         let mut workers = random_blocks(&fs, Path::new("run"), 1, 8).unwrap();
         let file = tmp.path().join("run/w0/file");
-        assert_eq!(stamps(&file), (0..8).collect::<Vec<_>>());
+        assert_eq!(block::stamps(&file), (0..8).collect::<Vec<_>>());
         steps(&fs, &mut workers, 200);
-        let after = stamps(&file);
+        let after = block::stamps(&file);
         assert_eq!(after.len(), 8);
         // Every block was hit at least once in 200 tries (1 - (7/8)^200), and
         // the last write stamped 199 somewhere.
@@ -267,7 +260,7 @@ mod tests {
         assert_eq!(fs.syncs.swap(0, Ordering::Relaxed), 2);
         steps(&fs, &mut dwsl, 5);
         assert_eq!(fs.syncs.swap(0, Ordering::Relaxed), 10);
-        assert_eq!(stamps(&tmp.path().join("s/w1/file")), [4]);
+        assert_eq!(block::stamps(&tmp.path().join("s/w1/file")), [4]);
 
         let mut dwol = private_block(&fs, Path::new("o"), 1).unwrap();
         fs.syncs.store(0, Ordering::Relaxed);
