@@ -148,33 +148,26 @@ impl Pages {
         self.end - self.first
     }
 
-    /// Takes up to `want` free pages, in one run, for `h`'s pool: the first
-    /// run at least `want` long, else the longest. `ENOSPC` if none is free.
-    pub fn grant(&mut self, h: Holder, want: u64) -> Result<(u64, u64), Errno> {
+    /// Takes up to `want` free pages, in one run, for `h`'s pool: the
+    /// lowest free run, or with `long` the lowest of at least [`LONG`]
+    /// pages when there is one. `ENOSPC` if no page is free.
+    ///
+    /// Low pages first keeps the pages in use together, and takes pages
+    /// freed by earlier commits before pages never written (a fresh page
+    /// costs a fault in the client's view). `long` is for clients whose
+    /// pool pages are made writable one run at a time: a run of one page
+    /// would cost them a protection change of its own. Both picks are a
+    /// lookup at the front of an ordered set, however scattered the free
+    /// pages are.
+    pub fn grant(&mut self, h: Holder, want: u64, long: bool) -> Result<(u64, u64), Errno> {
         let mark = h.state().ok_or(Errno::EINVAL)?;
         let want = want.max(1);
-        // The lowest run that fits: low pages are reused first, so the
-        // pages in use stay together (fresh pages cost a fault each).
-        let free = &self.free;
-        let pick = self
-            .long
-            .iter()
-            .map(|s| (*s, free[s]))
-            .find(|&(_, l)| l >= want)
-            .or_else(|| {
-                (want < LONG)
-                    .then(|| free.iter().find(|(_, &l)| l >= want).map(|(&s, &l)| (s, l)))
-                    .flatten()
-            })
-            .or_else(|| {
-                // Nothing that long: the longest run there is.
-                self.long
-                    .iter()
-                    .map(|s| (*s, free[s]))
-                    .max_by_key(|&(_, l)| l)
-                    .or_else(|| free.iter().max_by_key(|(_, &l)| l).map(|(&s, &l)| (s, l)))
-            });
-        let (start, len) = pick.ok_or(Errno::ENOSPC)?;
+        let start = long
+            .then(|| self.long.first().copied())
+            .flatten()
+            .or_else(|| self.free.keys().next().copied());
+        let start = start.ok_or(Errno::ENOSPC)?;
+        let len = self.free[&start];
         let take = len.min(want);
         self.del_run(start);
         if len > take {
@@ -339,7 +332,7 @@ mod tests {
         let g = geometry();
         let mut p = Pages::new(&g, []).unwrap();
         let total = p.free_pages();
-        let (s, n) = p.grant(A, 16).unwrap();
+        let (s, n) = p.grant(A, 16, true).unwrap();
         assert_eq!(n, 16);
         assert_eq!(p.free_pages(), total - 16);
         // Another slot cannot commit A's pages; A can, once.
@@ -365,11 +358,11 @@ mod tests {
         let g = geometry();
         let mut p = Pages::new(&g, []).unwrap();
         let total = p.free_pages();
-        let (s, n) = p.grant(A, u64::MAX).unwrap();
+        let (s, n) = p.grant(A, u64::MAX, true).unwrap();
         assert_eq!(n, total);
-        assert_eq!(p.grant(B, 1), Err(Errno::ENOSPC));
+        assert_eq!(p.grant(B, 1, true), Err(Errno::ENOSPC));
         assert_eq!(p.release(A), total);
-        assert_eq!(p.grant(B, u64::MAX).unwrap(), (s, total));
+        assert_eq!(p.grant(B, u64::MAX, true).unwrap(), (s, total));
     }
 
     #[test]
@@ -388,13 +381,38 @@ mod tests {
         let g = geometry();
         let mut p = Pages::new(&g, []).unwrap();
         let total = p.free_pages();
-        let (s1, n1) = p.grant(A, 8).unwrap();
-        let (s2, n2) = p.grant(A, 8).unwrap();
+        let (s1, n1) = p.grant(A, 8, true).unwrap();
+        let (s2, n2) = p.grant(A, 8, true).unwrap();
         p.ungrant(s2, n2);
         assert_eq!(p.free_pages(), total - n1);
         assert_eq!(p.take(A, &[s2]), Err(Errno::EINVAL));
         p.take(A, &[s1 + n1 - 1]).unwrap();
         // The run merged back: the next grant starts where it did.
-        assert_eq!(p.grant(B, 8).unwrap().0, s2);
+        assert_eq!(p.grant(B, 8, true).unwrap().0, s2);
+    }
+
+    #[test]
+    fn freed_pages_are_granted_before_fresh_ones_and_long_grants_skip_short_runs() {
+        let g = geometry();
+        let mut p = Pages::new(&g, []).unwrap();
+        let (s, n) = p.grant(A, 1024, true).unwrap();
+        assert_eq!(n, 1024);
+        // The pool is committed, then every other page of it replaced.
+        let pages: Vec<u64> = (s..s + n).collect();
+        p.take(A, &pages).unwrap();
+        for q in (s..s + n).step_by(2) {
+            p.retire(q, 1);
+        }
+        assert_eq!(p.reclaim(2), 512);
+        // Any length: the lowest freed page, one at a time, never a fresh
+        // page while freed ones are left.
+        for k in 0..3 {
+            assert_eq!(p.grant(B, 16, false).unwrap(), (s + 2 * k, 1));
+        }
+        // Long: past the short runs, to the fresh pages after the pool.
+        assert_eq!(p.grant(B, 16, true).unwrap(), (s + n, 16));
+        // With no long run left, a long grant takes a short one.
+        p.grant(B, u64::MAX, true).unwrap();
+        assert_eq!(p.grant(B, 16, true).unwrap(), (s + 6, 1));
     }
 }

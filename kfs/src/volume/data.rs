@@ -37,6 +37,9 @@ pub(crate) struct ClientData {
     opens: IntMap<u64, (u32, u32)>,
     /// Committed pages still writable, per slot (batched protection).
     pending: IntMap<u32, Pending>,
+    /// Every data page is writable in the client's view (`off`), so
+    /// grants make none writable.
+    all_writable: bool,
     /// Data pages (index: page - first data page) already faulted into the
     /// client's view; the others are faulted in when granted.
     mapped: Vec<bool>,
@@ -70,18 +73,27 @@ pub(crate) struct DataState {
 
 impl Volume {
     /// Registers a client; its pool pages are made writable (and back)
-    /// through `protector`, under `protection`.
+    /// through `protector`, under `protection` (under `off`, every data
+    /// page at once).
     pub fn attach_client(
         &mut self,
         client: u32,
         protector: Option<Protector>,
         protection: Protection,
     ) {
+        // Nothing is flipped back under `off`: the data pages are made
+        // writable from the start, so grants flip nothing either.
+        let all_writable = protection == Protection::Off
+            && protector.as_ref().is_some_and(|p| {
+                p.set(self.pages.first_page(), self.pages.total_pages(), true)
+                    .is_ok()
+            });
         self.data.clients.insert(
             client,
             ClientData {
                 protector,
                 protection,
+                all_writable,
                 ..ClientData::default()
             },
         );
@@ -243,7 +255,8 @@ impl Volume {
     }
 
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
-        self.client(caller)?;
+        // Pools made writable one run at a time want long runs.
+        let flips = !self.client(caller)?.all_writable;
         let want = u64::from(pages.clamp(1, POOL_MAX));
         let h = holder(caller);
         // Pages replaced a moment ago become free once the readers still
@@ -251,7 +264,7 @@ impl Volume {
         // holds none of them up).
         let mut tries = 0;
         let (start, n) = loop {
-            match self.pages.grant(h, want) {
+            match self.pages.grant(h, want, flips) {
                 Ok(g) => break g,
                 Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES => return Err(e),
                 Err(_) => {
@@ -274,7 +287,7 @@ impl Volume {
             pend.flush(c.protector.as_ref());
         }
         if let Some(p) = &c.protector {
-            if p.set(start, n, true).is_err() {
+            if flips && p.set(start, n, true).is_err() {
                 self.pages.ungrant(start, n);
                 return Err(Errno::EIO);
             }
