@@ -50,7 +50,7 @@ fn mkfs_then_info_describes_the_image() {
     assert!(o.status.success(), "{o:?}");
     let text = stdout(&o);
     for needle in [
-        "KucoFS version 1",
+        "KucoFS version 2",
         "emulated",
         "state:        clean",
         "0 B used",

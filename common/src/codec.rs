@@ -1,6 +1,7 @@
 //! The little-endian field encoding shared by request records, redo
 //! records and checkpoints: fixed-width integers, optional values as a
-//! 0/1 flag and a value, byte strings as a `u32` length and the bytes.
+//! 0/1 flag and a value, byte strings as a `u32` length and the bytes (or,
+//! where every byte counts, a `u8` or `u16` length).
 //! Reading is bounds-checked throughout; any malformed input is `EPROTO`.
 
 use crate::Errno;
@@ -13,6 +14,10 @@ impl Writer<'_> {
     /// One byte.
     pub fn u8(&mut self, v: u8) {
         self.0.push(v);
+    }
+    /// A `u16`.
+    pub fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// A `u32`.
     pub fn u32(&mut self, v: u32) {
@@ -30,6 +35,22 @@ impl Writer<'_> {
     pub fn bytes(&mut self, b: &[u8]) {
         self.u32(b.len() as u32);
         self.0.extend_from_slice(b);
+    }
+    /// A byte string of at most 255 bytes with a `u8` length;
+    /// `ENAMETOOLONG` (nothing written) if it is longer.
+    pub fn bytes8(&mut self, b: &[u8]) -> Result<(), Errno> {
+        let n = u8::try_from(b.len()).map_err(|_| Errno::ENAMETOOLONG)?;
+        self.u8(n);
+        self.0.extend_from_slice(b);
+        Ok(())
+    }
+    /// A byte string of at most 65,535 bytes with a `u16` length;
+    /// `ENAMETOOLONG` (nothing written) if it is longer.
+    pub fn bytes16(&mut self, b: &[u8]) -> Result<(), Errno> {
+        let n = u16::try_from(b.len()).map_err(|_| Errno::ENAMETOOLONG)?;
+        self.u16(n);
+        self.0.extend_from_slice(b);
+        Ok(())
     }
     /// An optional `u32`.
     pub fn opt32(&mut self, v: Option<u32>) {
@@ -65,6 +86,12 @@ impl<'a> Reader<'a> {
     pub fn u8(&mut self) -> Result<u8, Errno> {
         Ok(self.take(1)?[0])
     }
+    /// A `u16`.
+    pub fn u16(&mut self) -> Result<u16, Errno> {
+        let mut w = [0u8; 2];
+        w.copy_from_slice(self.take(2)?);
+        Ok(u16::from_le_bytes(w))
+    }
     /// A `u32`.
     pub fn u32(&mut self) -> Result<u32, Errno> {
         let mut w = [0u8; 4];
@@ -88,6 +115,22 @@ impl<'a> Reader<'a> {
     /// A length-prefixed byte string of at most `max` bytes.
     pub fn bytes(&mut self, max: usize) -> Result<&'a [u8], Errno> {
         let n = self.u32()? as usize;
+        if n > max {
+            return Err(Errno::EPROTO);
+        }
+        self.take(n)
+    }
+    /// A byte string with a `u8` length, of at most `max` bytes.
+    pub fn bytes8(&mut self, max: usize) -> Result<&'a [u8], Errno> {
+        let n = usize::from(self.u8()?);
+        if n > max {
+            return Err(Errno::EPROTO);
+        }
+        self.take(n)
+    }
+    /// A byte string with a `u16` length, of at most `max` bytes.
+    pub fn bytes16(&mut self, max: usize) -> Result<&'a [u8], Errno> {
+        let n = usize::from(self.u16()?);
         if n > max {
             return Err(Errno::EPROTO);
         }

@@ -80,22 +80,32 @@ impl Log {
         self.next_seq
     }
 
-    fn encode(&mut self, rec: &Record) {
+    fn encode(&mut self, rec: &Record) -> Result<(), Errno> {
         self.buf.clear();
         self.buf.resize(LOG_ENTRY_HEADER_SIZE, 0);
-        rec.encode(&mut self.buf);
-        let header =
-            LogEntryHeader::new(self.next_seq, rec.op(), &self.buf[LOG_ENTRY_HEADER_SIZE..]);
+        let header = rec.encode(&mut self.buf).and_then(|()| {
+            LogEntryHeader::new(self.next_seq, rec.op(), &self.buf[LOG_ENTRY_HEADER_SIZE..])
+                .ok_or(Errno::ENAMETOOLONG)
+        });
+        let header = match header {
+            Ok(h) => h,
+            Err(e) => {
+                self.buf.clear();
+                return Err(e);
+            }
+        };
         self.buf[..LOG_ENTRY_HEADER_SIZE].copy_from_slice(&header.encode());
         let padded = header.footprint() as usize;
         self.buf.resize(padded, 0);
+        Ok(())
     }
 
-    /// Encodes `rec` as the next entry; false if it does not fit (the
-    /// caller checkpoints, restarting the log, and encodes again).
-    pub fn prepare(&mut self, rec: &Record) -> bool {
-        self.encode(rec);
-        self.pos + self.buf.len() as u64 <= self.area.len()
+    /// Encodes `rec` as the next entry; `Ok(false)` if it does not fit
+    /// (the caller checkpoints, restarting the log, and encodes again).
+    /// `ENAMETOOLONG` for a record too long for any entry.
+    pub fn prepare(&mut self, rec: &Record) -> Result<bool, Errno> {
+        self.encode(rec)?;
+        Ok(self.pos + self.buf.len() as u64 <= self.area.len())
     }
 
     /// Appends the entry [`prepare`](Self::prepare) encoded and makes it

@@ -267,9 +267,9 @@ impl Volume {
     /// Makes `rec` durable in the log, checkpointing first if it does not
     /// fit.
     fn log_record(&mut self, rec: &Record<'_>) -> std::result::Result<(), Errno> {
-        if !self.log.prepare(rec) {
+        if !self.log.prepare(rec)? {
             self.checkpoint()?;
-            if !self.log.prepare(rec) {
+            if !self.log.prepare(rec)? {
                 return Err(Errno::ENOSPC);
             }
         }

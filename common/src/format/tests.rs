@@ -63,7 +63,7 @@ proptest! {
         let mut log = vec![0u8; 64 * 1024];
         let mut at = 0usize;
         for (i, p) in payloads.iter().enumerate() {
-            let h = LogEntryHeader::new(first_seq + i as u64, 3, p);
+            let h = LogEntryHeader::new(first_seq + i as u64, 3, p).unwrap();
             log[at..at + LOG_ENTRY_HEADER_SIZE].copy_from_slice(&h.encode());
             log[at + LOG_ENTRY_HEADER_SIZE..at + LOG_ENTRY_HEADER_SIZE + p.len()].copy_from_slice(p);
             prop_assert_eq!(LogEntryHeader::decode(&log[at..]), Some(h));
@@ -126,13 +126,16 @@ fn reseal(bytes: &mut [u8; SUPERBLOCK_SIZE]) {
 
 #[test]
 fn valid_copies_of_other_versions_and_features_are_named() {
-    let mut b = superblock_for(8 << 20).encode();
-    b[8..12].copy_from_slice(&2u32.to_le_bytes());
-    reseal(&mut b);
-    assert_eq!(
-        Superblock::decode(&b),
-        Err(SuperblockFault::UnsupportedVersion(2))
-    );
+    // Version 1 (32-byte log entry headers) and a version from later.
+    for v in [1, FORMAT_VERSION + 1] {
+        let mut b = superblock_for(8 << 20).encode();
+        b[8..12].copy_from_slice(&v.to_le_bytes());
+        reseal(&mut b);
+        assert_eq!(
+            Superblock::decode(&b),
+            Err(SuperblockFault::UnsupportedVersion(v))
+        );
+    }
 
     let mut b = superblock_for(8 << 20).encode();
     b[24..32].copy_from_slice(&0x10u64.to_le_bytes());
@@ -170,24 +173,43 @@ fn resealed_nonsense_geometry_is_refused_without_overflow() {
 
 #[test]
 fn log_scan_stops_at_a_torn_or_out_of_sequence_entry() {
+    const H: usize = LOG_ENTRY_HEADER_SIZE;
     let mut log = vec![0u8; 4096];
     let mut at = 0usize;
     for seq in 10..14u64 {
         let payload = vec![seq as u8; 40];
-        let h = LogEntryHeader::new(seq, 1, &payload);
-        log[at..at + 32].copy_from_slice(&h.encode());
-        log[at + 32..at + 72].copy_from_slice(&payload);
+        let h = LogEntryHeader::new(seq, 1, &payload).unwrap();
+        log[at..at + H].copy_from_slice(&h.encode());
+        log[at + H..at + H + 40].copy_from_slice(&payload);
         at += h.footprint() as usize;
     }
     assert_eq!(scan_log(&log, 10).len(), 4);
     // A log that starts later in sequence has no entries yet.
     assert_eq!(scan_log(&log, 11).len(), 0);
-    // Tear the third entry's payload: only two survive.
-    log[2 * 128 + 40] ^= 0xff;
+    // Tear the third entry's payload (entries are one line each): only
+    // two survive.
+    log[2 * 64 + H + 20] ^= 0xff;
     assert_eq!(scan_log(&log, 10).len(), 2);
     // A header whose length runs past the area ends the scan.
     let mut tiny = vec![0u8; 64];
-    let h = LogEntryHeader::new(0, 1, &[0u8; 100]);
-    tiny[..32].copy_from_slice(&h.encode());
+    let h = LogEntryHeader::new(0, 1, &[0u8; 100]).unwrap();
+    tiny[..H].copy_from_slice(&h.encode());
     assert_eq!(scan_log(&tiny, 0).len(), 0);
+}
+
+#[test]
+fn an_entry_of_up_to_48_payload_bytes_is_one_line_and_a_payload_over_64_kib_is_refused() {
+    let line = |n: usize| {
+        LogEntryHeader::new(1, 1, &vec![7u8; n])
+            .unwrap()
+            .footprint()
+    };
+    assert_eq!(line(0), 64);
+    assert_eq!(line(64 - LOG_ENTRY_HEADER_SIZE), 64);
+    assert_eq!(line(64 - LOG_ENTRY_HEADER_SIZE + 1), 128);
+    assert!(LogEntryHeader::new(1, 1, &vec![0u8; LOG_PAYLOAD_MAX]).is_some());
+    assert_eq!(
+        LogEntryHeader::new(1, 1, &vec![0u8; LOG_PAYLOAD_MAX + 1]),
+        None
+    );
 }

@@ -1,7 +1,9 @@
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use kucofs_common::format::{CheckpointRef, LogEntryHeader, MIN_IMAGE_SIZE};
+use kucofs_common::format::{CheckpointRef, LogEntryHeader, LOG_ENTRY_HEADER_SIZE, MIN_IMAGE_SIZE};
+
+const H: u64 = LOG_ENTRY_HEADER_SIZE as u64;
 use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
 
@@ -75,9 +77,9 @@ fn mkfs_over_an_old_image_clears_its_log() {
     let dir = shm_dir();
     let path = dir.path().join("img");
     let sb = mkfs(&path, 4 << 20, false).unwrap();
-    let h = LogEntryHeader::new(1, 1, b"stale");
+    let h = LogEntryHeader::new(1, 1, b"stale").unwrap();
     patch(&path, sb.geometry.log.offset(), &h.encode());
-    patch(&path, sb.geometry.log.offset() + 32, b"stale");
+    patch(&path, sb.geometry.log.offset() + H, b"stale");
     assert_eq!(inspect(&path).unwrap().log_entries, 1);
     mkfs(&path, 4 << 20, true).unwrap();
     assert_eq!(inspect(&path).unwrap().log_entries, 0);
@@ -297,12 +299,13 @@ fn inspect_reports_a_fresh_image_and_respects_the_lock() {
     }
     // Mark three data pages used and one log entry written.
     patch(&path, sb.geometry.bitmap.offset(), &[0b1011]);
-    let h = LogEntryHeader::new(sb.log_seq, 2, &[1u8; 100]);
+    let h = LogEntryHeader::new(sb.log_seq, 2, &[1u8; 100]).unwrap();
     patch(&path, sb.geometry.log.offset(), &h.encode());
-    patch(&path, sb.geometry.log.offset() + 32, &[1u8; 100]);
+    patch(&path, sb.geometry.log.offset() + H, &[1u8; 100]);
     let report = inspect(&path).unwrap();
     assert_eq!((report.used_pages, report.log_entries), (3, 1));
-    assert_eq!(report.log_bytes, 192);
+    // A 16-byte header and 100 bytes of payload, padded to two lines.
+    assert_eq!(report.log_bytes, 128);
 
     let _kfs = Image::open(&path).unwrap();
     assert!(matches!(

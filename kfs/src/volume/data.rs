@@ -37,11 +37,10 @@ pub(crate) struct ClientData {
     opens: IntMap<u64, (u32, u32)>,
     /// Committed pages still writable, per slot (batched protection).
     pending: IntMap<u32, Pending>,
-    /// Every data page is writable in the client's view (`off`), so
-    /// grants make none writable.
-    all_writable: bool,
     /// Data pages (index: page - first data page) already faulted into the
-    /// client's view; the others are faulted in when granted.
+    /// client's view; the others are faulted in when granted. Under `off`,
+    /// which never makes a page read-only again, these are also the pages
+    /// already writable there.
     mapped: Vec<bool>,
 }
 
@@ -73,27 +72,18 @@ pub(crate) struct DataState {
 
 impl Volume {
     /// Registers a client; its pool pages are made writable (and back)
-    /// through `protector`, under `protection` (under `off`, every data
-    /// page at once).
+    /// through `protector`, under `protection`.
     pub fn attach_client(
         &mut self,
         client: u32,
         protector: Option<Protector>,
         protection: Protection,
     ) {
-        // Nothing is flipped back under `off`: the data pages are made
-        // writable from the start, so grants flip nothing either.
-        let all_writable = protection == Protection::Off
-            && protector.as_ref().is_some_and(|p| {
-                p.set(self.pages.first_page(), self.pages.total_pages(), true)
-                    .is_ok()
-            });
         self.data.clients.insert(
             client,
             ClientData {
                 protector,
                 protection,
-                all_writable,
                 ..ClientData::default()
             },
         );
@@ -255,8 +245,10 @@ impl Volume {
     }
 
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
-        // Pools made writable one run at a time want long runs.
-        let flips = !self.client(caller)?.all_writable;
+        // Pools made writable and read-only again one run at a time want
+        // long runs; under `off`, pages come back writable, so the lowest
+        // free pages, wherever they are, serve best.
+        let flips = self.client(caller)?.protection != Protection::Off;
         let want = u64::from(pages.clamp(1, POOL_MAX));
         let h = holder(caller);
         // Pages replaced a moment ago become free once the readers still
@@ -287,14 +279,17 @@ impl Volume {
             pend.flush(c.protector.as_ref());
         }
         if let Some(p) = &c.protector {
-            if flips && p.set(start, n, true).is_err() {
+            if c.mapped.len() != total {
+                c.mapped = vec![false; total];
+            }
+            let had = |q: u64| c.mapped[(q - base) as usize];
+            // Under `off` a page this view had is writable still.
+            let writable = !flips && (start..start + n).all(had);
+            if !writable && p.set(start, n, true).is_err() {
                 self.pages.ungrant(start, n);
                 return Err(Errno::EIO);
             }
             // Fault in, in runs, the pages this view never had.
-            if c.mapped.len() != total {
-                c.mapped = vec![false; total];
-            }
             let mut run: Option<u64> = None;
             for q in start..=start + n {
                 let fresh = q < start + n && !c.mapped[(q - base) as usize];
