@@ -83,17 +83,14 @@ impl Log {
     fn encode(&mut self, rec: &Record) -> Result<(), Errno> {
         self.buf.clear();
         self.buf.resize(LOG_ENTRY_HEADER_SIZE, 0);
-        let header = rec.encode(&mut self.buf).and_then(|()| {
-            LogEntryHeader::new(self.next_seq, rec.op(), &self.buf[LOG_ENTRY_HEADER_SIZE..])
-                .ok_or(Errno::ENAMETOOLONG)
-        });
-        let header = match header {
-            Ok(h) => h,
-            Err(e) => {
-                self.buf.clear();
-                return Err(e);
-            }
-        };
+        let header = rec
+            .encode(&mut self.buf)
+            .and_then(|()| {
+                LogEntryHeader::new(self.next_seq, rec.op(), &self.buf[LOG_ENTRY_HEADER_SIZE..])
+                    .ok_or(Errno::ENAMETOOLONG)
+            })
+            // Nothing half-encoded is left for an append.
+            .inspect_err(|_| self.buf.clear())?;
         self.buf[..LOG_ENTRY_HEADER_SIZE].copy_from_slice(&header.encode());
         let padded = header.footprint() as usize;
         self.buf.resize(padded, 0);

@@ -466,10 +466,33 @@ mod tests {
     }
 
     #[test]
-    fn a_create_with_a_9_byte_name_fits_one_line_with_its_header() {
-        let mut buf = Vec::new();
-        create(b"123456789", b"").encode(&mut buf).unwrap();
-        assert_eq!(buf.len() + kucofs_common::format::LOG_ENTRY_HEADER_SIZE, 64);
+    fn the_commonest_entries_fit_one_line_with_their_header() {
+        let line = |rec: Record<'_>| {
+            let mut buf = Vec::new();
+            rec.encode(&mut buf).unwrap();
+            buf.len() + kucofs_common::format::LOG_ENTRY_HEADER_SIZE
+        };
+        // A create with a 9-byte name, an unlink of a 23-byte one, a
+        // one-page write: 64 bytes each, and one byte more is a second line.
+        assert_eq!(line(create(b"123456789", b"")), 64);
+        let unlink = |name: &[u8]| Record::Unlink {
+            parent: 1,
+            name: Cow::Owned(name.to_vec()),
+            ino: 2,
+            time: 3,
+        };
+        assert_eq!(line(unlink(&[b'u'; 23])), 64);
+        assert_eq!(line(unlink(&[b'u'; 24])), 65);
+        let mut one = Extents::new();
+        one.push(1 << 40, 1);
+        let write = Record::Write {
+            ino: 2,
+            first: 7,
+            extents: one,
+            size: 8 * 4096,
+            time: 3,
+        };
+        assert!(line(write) <= 64);
     }
 
     #[test]

@@ -2,12 +2,13 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use kucofs_common::format::{CheckpointRef, LogEntryHeader, LOG_ENTRY_HEADER_SIZE, MIN_IMAGE_SIZE};
-
-const H: u64 = LOG_ENTRY_HEADER_SIZE as u64;
 use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
 
 use super::*;
+
+/// A log entry header's size, as an offset.
+const H: u64 = LOG_ENTRY_HEADER_SIZE as u64;
 
 fn shm_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
