@@ -222,3 +222,60 @@ fn readers_never_see_a_torn_record_unprotected_shared_handle() {
 fn readers_never_see_a_torn_record_unprotected_own_handles() {
     run(Protection::Off, Handles::Own);
 }
+
+/// A shrink leaves old bytes past the new end of its last page; growing
+/// the file again zeroes them in place. A reader that took the size from
+/// before the shrink and copied that page while it was being zeroed must
+/// read again, never return a tail half old bytes and half zeros.
+#[test]
+fn a_read_never_sees_a_tail_half_zeroed() {
+    const FULL: usize = 8000;
+    const CUT: u64 = 5000;
+    let Some(dir) = support::shm_dir("kucofs-torn-") else {
+        return;
+    };
+    let fs = Fs::create(dir.path().join("img"), 64 << 20).expect("mkfs and open");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .open(&fs, "f")
+        .expect("create");
+    f.write_at(&[b'A'; FULL], 0).expect("first write");
+    let done = AtomicU64::new(0);
+    let cycles = if cfg!(debug_assertions) {
+        20_000
+    } else {
+        200_000
+    };
+    let (reads, torn) = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut buf = vec![0u8; FULL];
+            let (mut reads, mut torn) = (0u64, 0u64);
+            while done.load(Ordering::Relaxed) == 0 {
+                let n = f.read_at(&mut buf, 0).expect("read");
+                let tail = &buf[CUT as usize..n.max(CUT as usize)];
+                // Valid: the cut file, the grown one (zeros past the cut),
+                // or the rewritten one (all 'A').
+                if !(tail.iter().all(|&b| b == 0) || tail.iter().all(|&b| b == b'A')) {
+                    torn += 1;
+                }
+                reads += 1;
+            }
+            (reads, torn)
+        });
+        let _stop = Stopped(&done);
+        for _ in 0..cycles {
+            f.set_len(CUT).expect("shrink");
+            f.set_len(FULL as u64).expect("grow");
+            f.write_at(&[b'A'; FULL], 0).expect("rewrite");
+        }
+        drop(_stop);
+        reader.join().expect("reader")
+    });
+    assert!(reads > 0, "the reader never ran");
+    assert_eq!(
+        torn, 0,
+        "{torn} of {reads} reads returned a half-zeroed tail"
+    );
+}

@@ -259,7 +259,15 @@ impl File {
                     let map = MapReader::of_inode(mem, self.inode);
                     let snap = &mut entries[..n as usize];
                     load_entries(&map, first, snap);
-                    if !runs_are_whole(snap) {
+                    // The size again, after the entries (Acquire loads, in
+                    // order): Kfs zeroes a page's tail in place only after
+                    // giving its entry a new version, and stores the size
+                    // that covers the zeros after them, so a size unchanged
+                    // here means no zeroing of these pages can overlap the
+                    // copy unless the check of the entries below fails.
+                    if !runs_are_whole(snap)
+                        || mem.load_u64(self.inode + I_SIZE, Ordering::Acquire) != size
+                    {
                         std::hint::spin_loop();
                         continue;
                     }

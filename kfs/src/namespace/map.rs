@@ -258,6 +258,27 @@ impl Namespace {
         })
     }
 
+    /// Gives page `page`'s entry a new version, its data page unchanged,
+    /// after Kfs changed that page in place: a reader that loaded the
+    /// entry before sees it change when it checks again, and reads again
+    /// instead of keeping a half-changed copy. Nothing is replaced.
+    pub fn reversion_page(&mut self, inode: u64, page: u64) -> Result<(), Errno> {
+        let last_version = self.arena.get(inode + I_VERSION);
+        let mut old = std::mem::take(&mut self.scratch);
+        old.clear();
+        let mut w = self.map_writer(inode);
+        let e = w.entry(page);
+        let version = blockmap::next_version(&w, last_version, page, 1);
+        if e != 0 {
+            blockmap::publish(&mut w, page, &[entry_page(e)], version, &mut old);
+        }
+        self.scratch = old;
+        if e == 0 {
+            return Ok(());
+        }
+        self.update(inode, |a| a.put(inode + I_VERSION, version))
+    }
+
     /// Sets a file's size; pages wholly past the new end are dropped (to
     /// [`Namespace::drain_replaced`]).
     pub fn truncate_file(&mut self, inode: u64, size: u64, time: i64) -> Result<(), Errno> {

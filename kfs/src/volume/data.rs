@@ -315,21 +315,34 @@ impl Volume {
 
     /// Zeroes the bytes of the page holding byte `old_size` from there to
     /// the page's end, before a change makes them part of the file: they
-    /// may hold what a shrink left behind. No reader reads past the size it
-    /// saw, so the page is changed in place.
-    fn zero_tail(&mut self, inode: u64, old_size: u64, unless: std::ops::Range<u64>) {
+    /// may hold what a shrink left behind. This is the one write to a
+    /// committed page, so its entry gets a new version first: a reader
+    /// that took its size from before the shrink either loaded the entry
+    /// before that (and fails its check of the entries after copying) or
+    /// after it (and finds the size changed since it loaded it, before it
+    /// copies anything). The size covering the zeros is stored after them.
+    fn zero_tail(
+        &mut self,
+        inode: u64,
+        old_size: u64,
+        unless: std::ops::Range<u64>,
+    ) -> Result<(), Errno> {
         let at = old_size % PAGE;
         let page = old_size / PAGE;
         if at == 0 || unless.contains(&page) {
-            return;
+            return Ok(());
         }
         let e = MapReader::of_inode(self.ns.shm(), inode).entry(page);
-        if e != 0 {
-            let off = entry_page(e) * PAGE + at;
-            let region = self.image.region();
-            let _ = region.fill(off, PAGE - at, 0);
-            let _ = region.persist(off, PAGE - at);
+        if e == 0 {
+            return Ok(());
         }
+        self.ns.reversion_page(inode, page)?;
+        let off = entry_page(e) * PAGE + at;
+        let region = self.image.region();
+        region
+            .fill(off, PAGE - at, 0)
+            .and_then(|()| region.persist(off, PAGE - at))
+            .map_err(|_| Errno::EIO)
     }
 
     fn commit(
@@ -367,7 +380,10 @@ impl Volume {
         let old_size = self.ns.shm_u64(inode + I_SIZE);
         let new_size = old_size.max(size);
         if new_size > old_size {
-            self.zero_tail(inode, old_size, first..first + n);
+            if let Err(e) = self.zero_tail(inode, old_size, first..first + n) {
+                self.pages.untake(h, pages);
+                return Err(e);
+            }
         }
         let time = now_ns();
         let rec = Record::Write {
@@ -410,7 +426,7 @@ impl Volume {
     fn set_size(&mut self, inode: u64, ino: u64, size: u64) -> Result<(), Errno> {
         let old_size = self.ns.shm_u64(inode + I_SIZE);
         if size > old_size {
-            self.zero_tail(inode, old_size, 0..0);
+            self.zero_tail(inode, old_size, 0..0)?;
         }
         let time = now_ns();
         self.log_record(&Record::Truncate { ino, size, time })?;
