@@ -79,3 +79,37 @@ fn statfs_counts_the_pages_files_hold() {
     fs.remove_file("a").unwrap();
     assert_eq!(fs.statfs().unwrap().blocks_free, empty.blocks);
 }
+
+/// Opening with `truncate` while another thread of the process writes the
+/// file: the write lands wholly before the cut (an empty file) or wholly
+/// after it (zeros, then the byte written), never on the old contents.
+#[test]
+fn truncating_open_and_a_concurrent_write_are_ordered() {
+    let Some((_d, path)) = image() else {
+        return;
+    };
+    let fs = Fs::create(&path, 64 << 20).unwrap();
+    let rounds = if cfg!(debug_assertions) { 300 } else { 2_000 };
+    for _ in 0..rounds {
+        fs.write("f", vec![b'A'; 8192]).unwrap();
+        let w = OpenOptions::new().write(true).open(&fs, "f").unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    w.write_at(b"X", 100).unwrap();
+                }
+            });
+            drop(File::create(&fs, "f").unwrap());
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let got = fs.read("f").unwrap();
+        let after_cut = got.len() == 101 && got[..100].iter().all(|&b| b == 0) && got[100] == b'X';
+        assert!(
+            got.is_empty() || after_cut,
+            "{} bytes, starting {:?}",
+            got.len(),
+            &got[..got.len().min(8)]
+        );
+    }
+}

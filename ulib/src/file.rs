@@ -119,9 +119,6 @@ impl OpenOptions {
         if self.create_new {
             flags |= open::EXCL;
         }
-        if self.truncate {
-            flags |= open::TRUNC;
-        }
         let p = bytes(path.as_ref());
         let mode = self.mode & 0o7777 & !fs.inner().config.umask;
         let reply = fs.change(p, |hint| Request::Open {
@@ -135,7 +132,7 @@ impl OpenOptions {
             .with_index(|r| r.kind(reply.inode))?
             .ok_or_else(|| err(Errno::EIO))?;
         let lock = inner.range_lock(reply.ino);
-        Ok(File {
+        let file = File {
             fs: inner,
             ino: reply.ino,
             inode: reply.inode,
@@ -145,7 +142,15 @@ impl OpenOptions {
             append: self.append,
             pos: AtomicU64::new(0),
             lock,
-        })
+        };
+        // Truncation as `set_len` does it, under the file's range lock, so
+        // that a write another thread has under way lands wholly before
+        // the cut or wholly after it (Kfs's own `open::TRUNC` cannot wait
+        // for this process's writers).
+        if self.truncate && file.size() != 0 {
+            file.set_len(0)?;
+        }
+        Ok(file)
     }
 }
 
