@@ -208,7 +208,8 @@ impl Extents {
 
     /// Reads a list [`Extents::encode`] wrote; `EPROTO` unless it is one
     /// `push` would build (at most [`EXTENTS_MAX`] runs, none empty, none
-    /// continuing the one before).
+    /// continuing the one before, none running past the largest page
+    /// number).
     pub fn decode(r: &mut Reader<'_>) -> Result<Extents, Errno> {
         let n = r.u8()?;
         if n as usize > EXTENTS_MAX {
@@ -217,7 +218,10 @@ impl Extents {
         let mut extents = Extents::new();
         for _ in 0..n {
             let (start, len) = (r.u64()?, r.u32()?);
-            if len == 0 || !extents.push(start, len) {
+            // A run must end inside the page numbers (iterating its pages
+            // adds its length to its start).
+            if len == 0 || start.checked_add(u64::from(len)).is_none() || !extents.push(start, len)
+            {
                 return Err(Errno::EPROTO);
             }
         }
@@ -642,6 +646,16 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn an_extent_running_past_the_last_page_number_is_refused() {
+        let mut buf = Vec::new();
+        let mut w = Writer(&mut buf);
+        w.u8(1);
+        w.u64(u64::MAX - 1);
+        w.u32(5);
+        assert_eq!(Extents::decode(&mut Reader::new(&buf)), Err(Errno::EPROTO));
+    }
 
     fn bytes() -> impl Strategy<Value = Vec<u8>> {
         proptest::collection::vec(any::<u8>(), 0..300)

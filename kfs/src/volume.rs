@@ -340,7 +340,12 @@ impl Volume {
             })
         };
         self.checkpoint().map_err(|e| io(&self, "checkpoint", e))?;
-        let bitmap = self.pages.used_bitmap();
+        // The bitmap describes the files the checkpoint holds: a file
+        // unlinked while open holds pages still, but not in the checkpoint.
+        let g = self.image.superblock().geometry;
+        let bitmap = Pages::new(&g, used_pages(&self.ns))
+            .map_err(|_| io(&self, "count the pages of", Errno::EIO))?
+            .used_bitmap();
         let area = self.image.superblock().geometry.bitmap;
         let region = self.image.region();
         region

@@ -218,7 +218,10 @@ impl Volume {
         let Some(o) = c.opens.get_mut(&ino) else {
             return Err(Errno::EBADF);
         };
-        if write && o.1 == 0 {
+        // A write close needs a write open, and a read close a read open:
+        // a client that closed a write open as a read one would keep the
+        // file's lease with nothing left open.
+        if (write && o.1 == 0) || (!write && o.0 == o.1) {
             return Err(Errno::EBADF);
         }
         o.0 -= 1;
@@ -362,6 +365,13 @@ impl Volume {
             return Err(Errno::EINVAL);
         }
         let inode = self.leased(ino, caller)?;
+        let old_size = self.ns.shm_u64(inode + I_SIZE);
+        let new_size = old_size.max(size);
+        // The last page committed holds bytes of the file (`first + n` was
+        // checked against the largest file, so this cannot overflow).
+        if (first + n - 1) * PAGE >= new_size {
+            return Err(Errno::EINVAL);
+        }
         let h = holder(caller);
         // Most commits are a few pages: no allocation for those.
         let mut small = [0u64; 16];
@@ -377,8 +387,6 @@ impl Volume {
         }
         let pages = &*pages;
         self.pages.take(h, pages)?;
-        let old_size = self.ns.shm_u64(inode + I_SIZE);
-        let new_size = old_size.max(size);
         if new_size > old_size {
             if let Err(e) = self.zero_tail(inode, old_size, first..first + n) {
                 self.pages.untake(h, pages);

@@ -308,3 +308,88 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
     }
     v.close().unwrap();
 }
+
+fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Reply {
+    v.handle(
+        &Request::Open {
+            path: path.as_bytes(),
+            flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::CREATE,
+            mode: 0o644,
+            hint: None,
+        },
+        who,
+    )
+}
+
+#[test]
+fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed_right() {
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let mut v = Volume::open(&path).unwrap();
+    let other = Caller { client: 1, ..ME };
+    v.attach_client(0, None, Default::default());
+    v.attach_client(1, None, Default::default());
+    let f = open_for_write(&mut v, ME, "f");
+    assert_eq!(f.errno, 0);
+    let close = |write| Request::Close { ino: f.ino, write };
+    assert_eq!(v.handle(&close(false), ME).errno, libc::EBADF);
+    assert_eq!(open_for_write(&mut v, other, "f").errno, libc::ETXTBSY);
+    assert_eq!(v.handle(&close(true), ME).errno, 0);
+    assert_eq!(open_for_write(&mut v, other, "f").errno, 0);
+    v.close().unwrap();
+}
+
+#[test]
+fn a_commit_of_pages_past_the_size_it_names_is_refused() {
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let mut v = Volume::open(&path).unwrap();
+    v.attach_client(0, None, Default::default());
+    let f = open_for_write(&mut v, ME, "f");
+    let g = v.handle(&Request::Grant { pages: 1 }, ME);
+    let mut extents = kucofs_common::proto::Extents::new();
+    extents.push(g.inode, 1);
+    let commit = |first, size| Request::Commit {
+        ino: f.ino,
+        first,
+        size,
+        extents,
+    };
+    // Page 100 starts at byte 409,600: a size of 1 does not reach it.
+    assert_eq!(v.handle(&commit(100, 1), ME).errno, libc::EINVAL);
+    assert_eq!(v.handle(&commit(100, 100 * 4096), ME).errno, libc::EINVAL);
+    assert_eq!(v.handle(&commit(100, 100 * 4096 + 1), ME).errno, 0);
+    v.close().unwrap();
+    assert!(crate::fsck(&path).unwrap().problems.is_empty());
+}
+
+#[test]
+fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let mut v = Volume::open(&path).unwrap();
+    v.attach_client(0, None, Default::default());
+    let f = open_for_write(&mut v, ME, "f");
+    let g = v.handle(&Request::Grant { pages: 2 }, ME);
+    let mut extents = kucofs_common::proto::Extents::new();
+    extents.push(g.inode, 2);
+    let commit = Request::Commit {
+        ino: f.ino,
+        first: 0,
+        size: 8192,
+        extents,
+    };
+    assert_eq!(v.handle(&commit, ME).errno, 0);
+    let unlink = Request::Unlink {
+        path: b"f",
+        rmdir: false,
+        hint: None,
+    };
+    assert_eq!(v.handle(&unlink, ME).errno, 0);
+    v.close().unwrap();
+    let report = crate::fsck(&path).unwrap();
+    assert!(report.problems.is_empty(), "{report}");
+}
