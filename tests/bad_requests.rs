@@ -96,12 +96,6 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
     let stop = AtomicBool::new(false);
     // Stops the other client even if a check below fails, so the failure
     // is reported instead of the scope waiting forever.
-    struct StopOnDrop<'a>(&'a AtomicBool);
-    impl Drop for StopOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::Relaxed);
-        }
-    }
     std::thread::scope(|s| {
         // Another client thread, served throughout.
         let other = s.spawn(|| {
@@ -123,7 +117,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
             n
         });
 
-        let _stop = StopOnDrop(&stop);
+        let _stop = support::SetOnDrop(&stop);
         // Forgeries of a create's address: each is refused (counted stale)
         // and the create happens where the path says. An honest address is
         // used, which shows the count can tell the two apart.

@@ -100,8 +100,8 @@ fn truncating_open_and_a_concurrent_write_are_ordered() {
                     w.write_at(b"X", 100).unwrap();
                 }
             });
+            let _stop = support::SetOnDrop(&stop);
             drop(File::create(&fs, "f").unwrap());
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
         });
         let got = fs.read("f").unwrap();
         let after_cut = got.len() == 101 && got[..100].iter().all(|&b| b == 0) && got[100] == b'X';

@@ -109,14 +109,6 @@ fn overwrites_reuse_pages_under_every_protection_mode() {
 }
 
 /// Sets the flag when dropped, even by a panic.
-struct SetOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for SetOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
 #[test]
 fn overwrites_beside_a_busy_reader_do_not_run_out_of_space() {
     let Some(dir) = support::shm_dir("kucofs-reuse-") else {
@@ -138,7 +130,7 @@ fn overwrites_beside_a_busy_reader_do_not_run_out_of_space() {
                 assert_eq!(f.read_at(&mut buf, 0).expect("read the record"), RECORD);
             }
         });
-        let _stop = SetOnDrop(&done);
+        let _stop = support::SetOnDrop(&done);
         start.wait();
         for i in 1..WRITES {
             f.write_at(&record(i), 0).unwrap_or_else(|e| {

@@ -34,3 +34,14 @@ pub fn child_test(name: &str) -> std::process::Command {
     ]);
     c
 }
+
+/// Sets its flag when dropped, even by a panic, so that a thread looping
+/// until the flag is set stops when the test fails instead of hanging it.
+#[allow(dead_code)] // Not every test binary runs such threads.
+pub struct SetOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

@@ -294,54 +294,55 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     .unwrap();
     assert_eq!(ns.hint_stats().used, before.used + 2);
 
-    // Forgeries: every one must be detected, and the request still succeed.
-    let good = hint_for(&ns, "d/x");
+    // Forgeries of a hint built for the very name created (so that only
+    // the forgery can make it stale): every one must be detected, and the
+    // request still succeed. (`dir_gen` is not forged: Kfs checks the
+    // directory's item itself, not that field.)
     let used = ns.arena().used();
-    let forged = [
-        // Out of range, into the middle of an item, at an inode, past the
-        // end of the arena.
-        Hint {
-            pred: u64::MAX,
-            ..good
-        },
-        Hint {
-            pred: good.pred + 8,
-            ..good
-        },
-        Hint {
-            pred: good.dir,
-            ..good
-        },
-        Hint {
-            pred: used + 4096,
-            ..good
-        },
-        Hint {
-            dir_gen: good.dir_gen + 1,
-            ..good
-        },
-        Hint {
-            dir: good.dir + 16,
-            ..good
-        },
-        Hint { dir: 0, ..good },
-        Hint {
-            dir: ns.reader().root(),
-            ..good
-        },
-        // A node of another directory's list.
-        Hint {
-            pred: ns.reader().dir_head(ns.reader().root()),
-            ..good
-        },
-    ];
-    for (i, h) in forged.iter().enumerate() {
+    let root = ns.reader().root();
+    let other_list = ns.reader().dir_head(root);
+    let forge = |good: Hint| {
+        [
+            // Out of range, into the middle of an item, at an inode, past
+            // the end of the arena.
+            Hint {
+                pred: u64::MAX,
+                ..good
+            },
+            Hint {
+                pred: good.pred + 8,
+                ..good
+            },
+            Hint {
+                pred: good.dir,
+                ..good
+            },
+            Hint {
+                pred: used + 4096,
+                ..good
+            },
+            Hint {
+                dir: good.dir + 16,
+                ..good
+            },
+            Hint { dir: 0, ..good },
+            Hint { dir: root, ..good },
+            // A node of another directory's list.
+            Hint {
+                pred: other_list,
+                ..good
+            },
+        ]
+    };
+    let forgeries = forge(hint_for(&ns, "d/x")).len();
+    for i in 0..forgeries {
         let path = format!("d/x{i}");
+        let h = forge(hint_for(&ns, &path))[i];
         let req = Request::Create {
             path: path.as_bytes(),
             mode: libc::S_IFREG | 0o600,
             target: b"",
-            hint: Some(*h),
+            hint: Some(h),
         };
         let stale_before = ns.hint_stats().stale;
         let reply = ns.execute(&req, ME).unwrap();
@@ -360,6 +361,18 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
             "forgery {i} not detected"
         );
     }
+    // The same hint unforged is used: the count tells the two apart.
+    let before = ns.hint_stats();
+    let h = hint_for(&ns, "d/honest");
+    let req = Request::Create {
+        path: b"d/honest",
+        mode: libc::S_IFREG | 0o600,
+        target: b"",
+        hint: Some(h),
+    };
+    ns.execute(&req, ME).unwrap();
+    assert_eq!(ns.hint_stats().stale, before.stale);
+    assert_eq!(ns.hint_stats().used, before.used + 1);
     // A freed entry as the "found" of an unlink hint.
     let h = hint_for(&ns, "d/f8");
     unlink(&mut ns, "d/f8", false).unwrap();
@@ -372,7 +385,7 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
         hint: Some(h),
     };
     assert_eq!(ns.execute(&req, ME).unwrap_err(), Errno::ENOENT);
-    assert_eq!(names(&ns, "d").len(), 200 - 2 + 1 + forged.len());
+    assert_eq!(names(&ns, "d").len(), 200 - 2 + 1 + forgeries + 1);
 }
 
 #[test]
