@@ -52,6 +52,29 @@ pub struct SetAttrs {
     pub mtime: Option<i64>,
 }
 
+impl SetAttrs {
+    /// Writes the changes, each as an optional value (requests and redo
+    /// records share this encoding).
+    pub fn encode(&self, w: &mut Writer<'_>) {
+        w.opt32(self.mode);
+        w.opt32(self.uid);
+        w.opt32(self.gid);
+        w.opt64(self.atime);
+        w.opt64(self.mtime);
+    }
+
+    /// Reads what [`SetAttrs::encode`] wrote.
+    pub fn decode(r: &mut Reader<'_>) -> Result<SetAttrs, Errno> {
+        Ok(SetAttrs {
+            mode: r.opt32()?,
+            uid: r.opt32()?,
+            gid: r.opt32()?,
+            atime: r.opt64()?,
+            mtime: r.opt64()?,
+        })
+    }
+}
+
 /// Who asks: the credentials a change is made with.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Creds {
@@ -260,7 +283,8 @@ pub struct Reply {
     pub inode: u64,
     /// Its generation.
     pub gen: u32,
-    /// A request's own result (a granted pool's page count).
+    /// A request's own result: a granted pool's page count, or the file's
+    /// size after a commit or truncation.
     pub value: u64,
 }
 
@@ -420,11 +444,7 @@ impl<'a> Request<'a> {
             } => {
                 w.bytes(path);
                 w.bool(*follow);
-                w.opt32(attrs.mode);
-                w.opt32(attrs.uid);
-                w.opt32(attrs.gid);
-                w.opt64(attrs.atime);
-                w.opt64(attrs.mtime);
+                attrs.encode(&mut w);
                 op::SETATTR
             }
             Request::Ping => op::PING,
@@ -478,7 +498,7 @@ impl<'a> Request<'a> {
     }
 
     /// Decodes a request from `buf` (Kfs's private copy of a slot). Every
-    /// malformed input gives `EPROTO` (or `ENAMETOOLONG`), never a panic.
+    /// malformed input gives `EPROTO`, never a panic.
     pub fn decode(buf: &'a [u8]) -> Result<Request<'a>, Errno> {
         if buf.len() < HEADER {
             return Err(Errno::EPROTO);
@@ -524,13 +544,7 @@ impl<'a> Request<'a> {
             op::SETATTR => Request::SetAttr {
                 path: r.bytes(STRING_MAX)?,
                 follow: r.bool()?,
-                attrs: SetAttrs {
-                    mode: r.opt32()?,
-                    uid: r.opt32()?,
-                    gid: r.opt32()?,
-                    atime: r.opt64()?,
-                    mtime: r.opt64()?,
-                },
+                attrs: SetAttrs::decode(&mut r)?,
             },
             op::PING => Request::Ping,
             op::OPEN => Request::Open {

@@ -237,11 +237,7 @@ impl<'a> Record<'a> {
             }
             Record::SetAttr { ino, attrs, time } => {
                 w.u64(*ino);
-                w.opt32(attrs.mode);
-                w.opt32(attrs.uid);
-                w.opt32(attrs.gid);
-                w.opt64(attrs.atime);
-                w.opt64(attrs.mtime);
+                attrs.encode(&mut w);
                 w.u64(*time as u64);
             }
             Record::Write {
@@ -311,13 +307,7 @@ impl<'a> Record<'a> {
             },
             op::SETATTR => Record::SetAttr {
                 ino: r.u64()?,
-                attrs: SetAttrs {
-                    mode: r.opt32()?,
-                    uid: r.opt32()?,
-                    gid: r.opt32()?,
-                    atime: r.opt64()?,
-                    mtime: r.opt64()?,
-                },
+                attrs: SetAttrs::decode(&mut r)?,
                 time: r.u64()? as i64,
             },
             op::WRITE => Record::Write {

@@ -140,7 +140,7 @@ pub struct StatsSnapshot {
     pub per_kind: Vec<(RequestKind, u64, u64)>,
     /// Checkpoints taken.
     pub checkpoints: u64,
-    /// Index items reclaimed after their grace period.
+    /// Index items and data pages reclaimed after their grace period.
     pub reclaimed: u64,
     /// Pre-located addresses used as sent.
     pub hints_used: u64,

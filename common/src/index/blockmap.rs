@@ -179,11 +179,6 @@ impl<'a, W: Words + ?Sized> MapReader<'a, W> {
     pub fn new(mem: &'a W, word: u64) -> Self {
         MapReader { mem, word }
     }
-
-    /// The map word.
-    pub fn word(&self) -> u64 {
-        self.word
-    }
 }
 
 impl<W: Words + ?Sized> MapReader<'_, W> {
@@ -196,21 +191,24 @@ impl<W: Words + ?Sized> MapReader<'_, W> {
         }
         let mut node = w & MAP_ROOT;
         if w & MAP_SMALL != 0 {
-            return Some(node + N_SLOTS + 8 * page);
+            return Some(node.wrapping_add(N_SLOTS + 8 * page));
         }
         let mut level = (w & MAP_HEIGHT) as u32;
         while level > 0 {
             // Acquire: pairs with Kfs's Release store of a child link, made
             // after the child was zeroed.
-            node = self
-                .mem
-                .load_u64(node + N_SLOTS + 8 * digit(page, level), Ordering::Acquire);
+            // Wrapping: a damaged word must give a refused offset, not a
+            // panic (loads outside the index read as holes).
+            node = self.mem.load_u64(
+                node.wrapping_add(N_SLOTS + 8 * digit(page, level)),
+                Ordering::Acquire,
+            );
             if node == 0 {
                 return None;
             }
             level -= 1;
         }
-        Some(node + N_SLOTS + 8 * digit(page, 0))
+        Some(node.wrapping_add(N_SLOTS + 8 * digit(page, 0)))
     }
 }
 

@@ -158,13 +158,15 @@ impl Mapping {
 
     /// Maps and allocates the pages of `[offset, offset + len)` writable
     /// now, in one call, instead of one page fault per page on first touch
-    /// (`MADV_POPULATE_WRITE`). Only a hint: kernels without it ignore it.
+    /// (`MADV_POPULATE_WRITE`). Only a hint: kernels without it, and pages
+    /// not writable now (in a read-only mapping, or a view's pages not
+    /// made writable), are left to fault as usual.
     pub(super) fn populate(&self, offset: u64, len: u64) {
         let Ok(n) = usize::try_from(len) else { return };
         let Ok(start) = self.check(offset, n) else {
             return;
         };
-        if !self.writable || n == 0 {
+        if n == 0 {
             return;
         }
         // Whole pages: the mapping is page-aligned, so align the range.
@@ -213,27 +215,6 @@ impl Mapping {
             path: "a region view".into(),
             cause: e.into(),
         })
-    }
-
-    /// Faults in the whole pages `[offset, offset + len)` for writing, in
-    /// one call (they must be writable now). Contents are unchanged.
-    pub(super) fn populate_write(&self, offset: u64, len: u64) {
-        let Ok(n) = usize::try_from(len) else { return };
-        let Ok(start) = self.check(offset, n) else {
-            return;
-        };
-        if n == 0 || start % 4096 != 0 {
-            return;
-        }
-        // SAFETY: whole pages inside this live mapping; populating changes
-        // no contents.
-        let _ = unsafe {
-            rustix::mm::madvise(
-                self.at(start).cast(),
-                n.next_multiple_of(4096).min(self.len - start),
-                rustix::mm::Advice::LinuxPopulateWrite,
-            )
-        };
     }
 
     /// Non-temporal copy of `data` to `offset`, persistent after the next

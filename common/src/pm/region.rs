@@ -361,7 +361,7 @@ impl Protector {
     /// call, so that the client's first stores to them do not fault one
     /// page at a time.
     pub fn populate(&self, first: u64, pages: u64) {
-        self.map.populate_write(first * 4096, pages * 4096);
+        self.map.populate(first * 4096, pages * 4096);
     }
 }
 

@@ -340,12 +340,7 @@ impl Namespace {
         pages: &[u64],
         a: &kucofs_common::index::InodeAttr,
     ) -> Result<(), Errno> {
-        if first
-            .checked_add(pages.len() as u64)
-            .is_none_or(|e| e > blockmap::MAX_FILE_PAGES)
-        {
-            return Err(Errno::EFBIG);
-        }
+        // `write_pages` refuses a range past the largest file.
         self.write_pages(inode, first, pages, a.size, a.mtime)?;
         self.update(inode, |x| x.put(inode + I_CTIME, a.ctime as u64))
     }
