@@ -277,8 +277,11 @@ impl File {
                         continue;
                     }
                     let out = &mut buf[done..done + (end - at) as usize];
-                    copy_pages(region, snap, first, at, out);
+                    let whole = copy_pages(region, snap, first, at, out);
                     if entries_unchanged(&map, first, snap) {
+                        if !whole {
+                            return Err(err(Errno::EIO));
+                        }
                         break (end - at) as usize;
                     }
                 };
@@ -287,8 +290,8 @@ impl File {
                 }
                 done += copied;
             }
-            done
-        })
+            Ok(done)
+        })?
     }
 
     /// Writes all of `buf` at `offset` (durably) without moving the
@@ -504,14 +507,17 @@ impl File {
 }
 
 /// Copies file bytes `[at, at + out.len())`, whose pages from `first` have
-/// the map entries `entries`, into `out`; holes read as zeros.
+/// the map entries `entries`, into `out`; holes read as zeros. False if an
+/// entry names a page outside the region (a damaged map, if the entries
+/// hold still: the caller checks that first).
 fn copy_pages(
     region: &kucofs_common::pm::RegionView,
     entries: &[u64],
     first: u64,
     at: u64,
     out: &mut [u8],
-) {
+) -> bool {
+    let mut whole = true;
     let end = at + out.len() as u64;
     for (i, &e) in entries.iter().enumerate() {
         let fp = first + i as u64;
@@ -520,10 +526,13 @@ fn copy_pages(
             continue;
         }
         let dst = &mut out[(s - at) as usize..(t - at) as usize];
-        if e == 0 || region.read(entry_page(e) * PAGE + s % PAGE, dst).is_err() {
+        if e == 0 {
             dst.fill(0);
+        } else if region.read(entry_page(e) * PAGE + s % PAGE, dst).is_err() {
+            whole = false;
         }
     }
+    whole
 }
 
 impl Drop for File {
