@@ -56,7 +56,7 @@ pub trait Backend: fmt::Debug + Send + Sync {
 
 /// How [`Backend::open_file`] opens a file: the flags of
 /// `std::fs::OpenOptions` that the workloads use.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenOptions {
     pub read: bool,
     pub write: bool,

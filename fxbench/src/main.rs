@@ -85,15 +85,11 @@ struct RunArgs {
     /// Each worker's file in RNDRD and RNDWR (written untimed before the
     /// run), and the size at which DWAL empties its file: a multiple of
     /// 4096, with an optional K, M or G.
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = file_size)]
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = kucofs_common::size::parse_size)]
     file_size: u64,
     /// Also write the machine description and results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-}
-
-fn file_size(text: &str) -> Result<u64, String> {
-    kucofs_common::size::parse_size(text)
 }
 
 fn backends_help() -> String {
