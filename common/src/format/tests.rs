@@ -198,7 +198,7 @@ fn log_scan_stops_at_a_torn_or_out_of_sequence_entry() {
 }
 
 #[test]
-fn an_entry_of_up_to_48_payload_bytes_is_one_line_and_a_payload_over_64_kib_is_refused() {
+fn an_entry_of_up_to_48_payload_bytes_is_one_line_and_a_payload_of_64_kib_is_refused() {
     let line = |n: usize| {
         LogEntryHeader::new(1, 1, &vec![7u8; n])
             .unwrap()
