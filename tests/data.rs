@@ -113,3 +113,40 @@ fn truncating_open_and_a_concurrent_write_are_ordered() {
         );
     }
 }
+
+/// Threads sharing one `File` through `&File` each write at a position of
+/// their own, as threads sharing a file description do on Linux: no two
+/// writes land at the same offset, and the file holds every byte written.
+#[test]
+fn threads_sharing_a_file_position_never_write_at_the_same_offset() {
+    let Some((_d, path)) = image() else {
+        return;
+    };
+    let fs = Fs::create(&path, 64 << 20).unwrap();
+    let f = File::create(&fs, "shared").unwrap();
+    const THREADS: u8 = 4;
+    const RECORD: usize = 100;
+    let writes = if cfg!(debug_assertions) { 500 } else { 5_000 };
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let f = &f;
+            s.spawn(move || {
+                for _ in 0..writes {
+                    (&*f).write_all(&[b'a' + t; RECORD]).unwrap();
+                }
+            });
+        }
+    });
+    let got = fs.read("shared").unwrap();
+    assert_eq!(got.len(), THREADS as usize * writes * RECORD);
+    let mut per_thread = [0usize; THREADS as usize];
+    for (i, rec) in got.chunks(RECORD).enumerate() {
+        assert!(
+            rec.iter().all(|&b| b == rec[0]) && (b'a'..b'a' + THREADS).contains(&rec[0]),
+            "record {i} is mixed: {:?}",
+            &rec[..8]
+        );
+        per_thread[(rec[0] - b'a') as usize] += 1;
+    }
+    assert_eq!(per_thread, [writes; THREADS as usize]);
+}

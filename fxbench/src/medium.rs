@@ -25,8 +25,15 @@
 //!   uses large pages). A read of the view at a random page misses the
 //!   TLB.
 //!
+//! - **The kernel's own** 4 KiB `pwrite` in place and `pread` at a random
+//!   page, of the same scratch files (tmpfs when `dir` is under
+//!   `/dev/shm`): what DWOL's and RNDRD's baselines are made of. Their
+//!   quotients with the figures above bound the ratios those workloads can
+//!   reach on this machine, whatever the rest of the path costs.
+//!
 //! Every figure is nanoseconds per operation, the median of [`ROUNDS`].
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -127,6 +134,18 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
             )?,
             per: "4 KiB",
         });
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&scratch.0)
+            .context("open the scratch image")?;
+        figures.push(Figure {
+            what: "kernel: pwrite 4 KiB in place, same page of its file".into(),
+            ns: ns_per(100_000, || {
+                file.write_all_at(std::hint::black_box(&data), 0)?;
+                Ok(())
+            })?,
+            per: "4 KiB",
+        });
     }
 
     let scratch = Scratch::new(dir, "read")?;
@@ -142,6 +161,19 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
             let mut rng = XorShift64::new(2);
             ns_per(reads, || {
                 view.read(rng.below(LARGE / PAGE) * PAGE, &mut buf)?;
+                std::hint::black_box(&buf);
+                Ok(())
+            })?
+        },
+        per: "4 KiB",
+    });
+    let file = std::fs::File::open(&scratch.0).context("open the scratch image")?;
+    figures.push(Figure {
+        what: "kernel: pread 4 KiB at a random page of its file".into(),
+        ns: {
+            let mut rng = XorShift64::new(2);
+            ns_per(reads, || {
+                file.read_exact_at(&mut buf, rng.below(LARGE / PAGE) * PAGE)?;
                 std::hint::black_box(&buf);
                 Ok(())
             })?
@@ -188,11 +220,44 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
 }
 
 impl Medium {
+    /// The most a workload's ratio to the kernel can be on this machine,
+    /// from the kernel's figure over the one step KucoFS cannot skip:
+    /// RNDRD's copy out of a client view, and DWOL's persisted copy (its
+    /// commit, map update and protection come on top).
+    pub fn bounds(&self) -> Vec<(String, f64)> {
+        let ns = |prefix: &str| {
+            self.figures
+                .iter()
+                .find(|f| f.what.starts_with(prefix))
+                .map(|f| f.ns)
+        };
+        let mut out = Vec::new();
+        if let (Some(k), Some(v)) = (
+            ns("kernel: pread"),
+            ns("read 4 KiB at a random page: client"),
+        ) {
+            out.push((
+                "bound on RNDRD's ratio (pread / view read)".to_string(),
+                k / v,
+            ));
+        }
+        if let (Some(k), Some(p)) = (ns("kernel: pwrite"), ns("persist 4 KiB")) {
+            out.push((
+                "bound on DWOL's ratio (pwrite / persist)".to_string(),
+                k / p,
+            ));
+        }
+        out
+    }
+
     /// The figures as a table.
     pub fn table(&self) -> String {
         let mut s = String::new();
         for f in &self.figures {
             s += &format!("{:<58} {:>9.1} ns per {}\n", f.what, f.ns, f.per);
+        }
+        for (what, x) in self.bounds() {
+            s += &format!("{what:<58} {x:>9.2}x\n");
         }
         if !self.huge_pages_granted {
             s += "(the kernel did not grant 2 MiB pages: the last two reads compare like with like)\n";
@@ -317,7 +382,8 @@ mod tests {
             return;
         }
         let m = measure(dir).unwrap();
-        assert_eq!(m.figures.len(), 8);
+        assert_eq!(m.figures.len(), 10);
+        assert_eq!(m.bounds().len(), 2, "{}", m.table());
         for f in &m.figures {
             assert!(f.ns.is_finite() && f.ns > 0.0, "{}: {}", f.what, f.ns);
         }

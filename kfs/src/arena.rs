@@ -18,6 +18,12 @@ const GROW_STEP: u64 = 64 << 20;
 /// Pages are allocated this far ahead of the allocation pointer, in one
 /// call, rather than one fault at a time.
 const POPULATE_STEP: u64 = 4 << 20;
+/// Fresh index space that is made to exist before a change is logged: more
+/// than any one change allocates (the most is a directory's table doubling
+/// to its largest size, with a sentinel for every old bucket; see
+/// `worst_change` in the tests). Growing the shared memory only sets its
+/// length, so the room costs no memory until it is used.
+pub const ROOM: u64 = 1 << 30;
 
 /// Most items one reclamation frees.
 pub const RECLAIM_BATCH: usize = 4096;
@@ -79,8 +85,14 @@ pub struct Arena {
 impl Arena {
     /// A new, empty arena with its header written.
     pub fn new() -> Result<Arena, Errno> {
+        Arena::with_reserve(INDEX_RESERVE)
+    }
+
+    /// [`Arena::new`] that may grow to `reserve` bytes.
+    fn with_reserve(reserve: u64) -> Result<Arena, Errno> {
         let shm = Arc::new(
-            Shm::create("kucofs-index", GROW_STEP, INDEX_RESERVE).map_err(|_| Errno::ENOMEM)?,
+            Shm::create("kucofs-index", GROW_STEP.min(reserve), reserve)
+                .map_err(|_| Errno::ENOMEM)?,
         );
         let a = Arena {
             shm,
@@ -184,9 +196,9 @@ impl Arena {
                 // point exist for the Kfs thread to provision.
                 if end + GROW_STEP / 2 > self.shm.len() {
                     let want = (end + GROW_STEP).next_multiple_of(GROW_STEP);
-                    self.shm
-                        .grow(want.min(self.shm.reserve()))
-                        .map_err(|_| Errno::ENOMEM)?;
+                    // Only early: an allocation that still fits goes on
+                    // even if growing failed.
+                    let _ = self.shm.grow(want.min(self.shm.reserve()));
                     if end > self.shm.len() {
                         return Err(Errno::ENOMEM);
                     }
@@ -204,6 +216,23 @@ impl Arena {
         };
         self.put(off, header(tag, class, gen))?;
         Ok(off)
+    }
+
+    /// Makes sure the next [`ROOM`] bytes of fresh space exist, so that
+    /// the change about to be logged cannot run out of index memory half
+    /// applied: Kfs calls this before it makes a change durable, and
+    /// refuses the change with `ENOMEM` if the room is not there.
+    pub fn make_room(&mut self) -> Result<(), Errno> {
+        let end = self.used + ROOM;
+        if end <= self.shm.len() {
+            return Ok(());
+        }
+        if end > self.shm.reserve() {
+            return Err(Errno::ENOMEM);
+        }
+        self.shm
+            .grow(end.next_multiple_of(GROW_STEP).min(self.shm.reserve()))
+            .map_err(|_| Errno::ENOMEM)
     }
 
     /// Marks an item removed: it stays readable for readers that reached it,
@@ -321,6 +350,46 @@ mod tests {
         let z = a.alloc(TAG_INODE, INODE_SIZE).unwrap();
         assert_eq!(z, x);
         assert_eq!(header_gen(a.get(z)), gen + 1);
+    }
+
+    /// The most fresh space one change can allocate: a directory's table
+    /// doubling to its largest size with a sentinel in every old bucket,
+    /// plus a new inode, entry, inode-table chunk and symlink target, plus
+    /// a largest commit's map nodes (its leaves, and a new root for every
+    /// level of a tree grown from nothing).
+    fn worst_change() -> u64 {
+        let item = |size| class_size(class_for(size).unwrap());
+        let table = item(B_SLOTS + (8 << BUCKET_BITS_MAX));
+        let sentinels = (1u64 << (BUCKET_BITS_MAX - 1)) * item(dirent_size(0));
+        let create = item(INODE_SIZE)
+            + item(dirent_size(kucofs_common::index::NAME_MAX))
+            + item(ITABLE_SLOTS_AT + 8 * ITABLE_CHUNK_INOS)
+            + item(S_BYTES + kucofs_common::index::PATH_MAX as u64);
+        use kucofs_common::index::blockmap::{FANOUT, MAX_HEIGHT, NODE_SIZE};
+        let commit = (kucofs_common::proto::COMMIT_PAGES_MAX.div_ceil(FANOUT)
+            + 1
+            + u64::from(MAX_HEIGHT)
+            + 1)
+            * item(NODE_SIZE);
+        table + sentinels + create + commit
+    }
+
+    #[test]
+    fn room_covers_the_largest_change() {
+        assert!(worst_change() <= ROOM, "{} > {ROOM}", worst_change());
+    }
+
+    #[test]
+    fn room_is_made_ahead_and_refused_when_the_reserve_cannot_hold_it() {
+        let mut a = Arena::new().unwrap();
+        a.make_room().unwrap();
+        assert!(a.shm().len() >= a.used() + ROOM);
+        // An arena whose reserve is smaller than the room refuses before
+        // anything is allocated.
+        let mut small = Arena::with_reserve(ROOM / 2).unwrap();
+        let used = small.used();
+        assert_eq!(small.make_room(), Err(Errno::ENOMEM));
+        assert_eq!(small.used(), used);
     }
 
     #[test]

@@ -718,6 +718,12 @@ impl Namespace {
 
     // ---- applying changes ----------------------------------------------------------
 
+    /// Makes sure applying any one change cannot run out of index memory
+    /// ([`Arena::make_room`]); `ENOMEM` if the index is that full.
+    pub fn make_room(&mut self) -> Result<(), Errno> {
+        self.arena.make_room()
+    }
+
     /// Applies a prepared change; its log entry must already be durable.
     pub fn commit(&mut self, p: Prepared<'_>) -> Result<Reply, Errno> {
         self.apply_planned(&p.record, p.plan)

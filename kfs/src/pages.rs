@@ -33,9 +33,13 @@ const WAITING: u32 = 2;
 const POOL: u32 = 3;
 
 impl Holder {
-    /// The page state of this holder's pool pages; `None` for a client
-    /// number too large to encode (Kfs numbers clients from 0).
+    /// The page state of this holder's pool pages; `None` for a slot that
+    /// does not exist or a client number too large to encode (Kfs numbers
+    /// clients from 0).
     fn state(self) -> Option<u32> {
+        if self.slot as usize >= SLOTS {
+            return None;
+        }
         let n = u64::from(self.client) * SLOTS as u64 + u64::from(self.slot);
         u32::try_from(n + u64::from(POOL)).ok()
     }
@@ -351,6 +355,23 @@ mod tests {
         assert_eq!(p.free_pages(), total - 1);
         assert_eq!(p.used_pages(), 1);
         assert_eq!(p.used_by_scan(), 1);
+    }
+
+    #[test]
+    fn a_slot_past_the_last_is_no_holder_and_cannot_take_another_clients_pages() {
+        let g = geometry();
+        let mut p = Pages::new(&g, []).unwrap();
+        // Slot SLOTS of client 0 would encode as slot 0 of client 1.
+        let next_client = Holder { client: 1, slot: 0 };
+        let (s, _) = p.grant(next_client, 8, true).unwrap();
+        let past = Holder {
+            client: 0,
+            slot: SLOTS as u32,
+        };
+        assert_eq!(p.take(past, &[s]), Err(Errno::EINVAL));
+        assert_eq!(p.grant(past, 8, true), Err(Errno::EINVAL));
+        assert_eq!(p.release(past), 0);
+        p.take(next_client, &[s]).unwrap();
     }
 
     #[test]

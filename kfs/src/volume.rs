@@ -265,8 +265,10 @@ impl Volume {
     }
 
     /// Makes `rec` durable in the log, checkpointing first if it does not
-    /// fit.
+    /// fit. Index memory for applying it is made to exist first: once a
+    /// change is logged, applying it cannot run out of memory half-way.
     fn log_record(&mut self, rec: &Record<'_>) -> std::result::Result<(), Errno> {
+        self.ns.make_room()?;
         if !self.log.prepare(rec)? {
             self.checkpoint()?;
             if !self.log.prepare(rec)? {

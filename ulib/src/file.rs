@@ -9,9 +9,10 @@
 //! for every 256 pages they touch (fewer when a thread's pool hands out
 //! scattered runs); Kfs makes the change durable before it replies.
 
+use parking_lot::Mutex;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kucofs_common::index::blockmap::{
@@ -140,7 +141,7 @@ impl OpenOptions {
             read: self.read,
             write,
             append: self.append,
-            pos: AtomicU64::new(0),
+            pos: Mutex::new(0),
             lock,
         };
         // Truncation as `set_len` does it, under the file's range lock, so
@@ -166,7 +167,10 @@ pub struct File {
     read: bool,
     write: bool,
     append: bool,
-    pos: AtomicU64,
+    /// The position `Read`, `Write` and `Seek` use. It is held over a
+    /// whole read or write, as Linux holds a shared file's position, so
+    /// that threads sharing one `File` each get their own bytes.
+    pos: Mutex<u64>,
     lock: Arc<RangeLock>,
 }
 
@@ -354,29 +358,48 @@ impl File {
             // Fewer pages than asked: this commit covers what they hold.
             let chunk_end = want_end.min((first + extents.pages()) * PAGE);
             let data = &buf[(at - offset) as usize..(chunk_end - offset) as usize];
-            if at % PAGE == 0 && chunk_end % PAGE == 0 {
-                // Whole pages: no old bytes to keep, so no need to read
-                // the map.
-                for (i, dst) in extents.iter_pages().enumerate() {
-                    let src = &data[i * PAGE as usize..(i + 1) * PAGE as usize];
-                    fs.region.write_pool(dst * PAGE, src).map_err(common_err)?;
-                }
-            } else {
-                fs.with_index(|r| self.fill_pages(r.mem(), &extents, first, at, data))??;
+            if let Err(e) = self.write_chunk(slot, &extents, first, at, chunk_end, data) {
+                // Not in the file: the pages serve the next write.
+                fs.untake_pages(slot, &extents);
+                return Err(e);
             }
-            fs.region.fence();
-            fs.call_as(
-                slot,
-                &Request::Commit {
-                    ino: self.ino,
-                    first,
-                    size: chunk_end,
-                    extents,
-                },
-            )?;
             at = chunk_end;
         }
         Ok((at - offset) as usize)
+    }
+
+    /// Copies `data` (file bytes `at..end`, starting in file page `first`)
+    /// into the pool pages `extents`, persists them, and commits them.
+    fn write_chunk(
+        &self,
+        slot: usize,
+        extents: &Extents,
+        first: u64,
+        at: u64,
+        end: u64,
+        data: &[u8],
+    ) -> io::Result<()> {
+        let fs = &self.fs;
+        if at % PAGE == 0 && end % PAGE == 0 {
+            // Whole pages: no old bytes to keep, so no need to read the map.
+            for (i, dst) in extents.iter_pages().enumerate() {
+                let src = &data[i * PAGE as usize..(i + 1) * PAGE as usize];
+                fs.region.write_pool(dst * PAGE, src).map_err(common_err)?;
+            }
+        } else {
+            fs.with_index(|r| self.fill_pages(r.mem(), extents, first, at, data))??;
+        }
+        fs.region.fence();
+        fs.call_as(
+            slot,
+            &Request::Commit {
+                ino: self.ino,
+                first,
+                size: end,
+                extents: *extents,
+            },
+        )?;
+        Ok(())
     }
 
     /// Fills the pool pages `extents` with file pages `first..`: the old
@@ -466,43 +489,39 @@ impl File {
     }
 
     fn read_pos(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let pos = self.pos.load(Ordering::Relaxed);
-        let n = self.read_at(buf, pos)?;
-        self.pos.store(pos + n as u64, Ordering::Relaxed);
+        let mut pos = self.pos.lock();
+        let n = self.read_at(buf, *pos)?;
+        *pos += n as u64;
         Ok(n)
     }
 
     fn write_pos(&self, buf: &[u8]) -> io::Result<usize> {
+        let mut pos = self.pos.lock();
         if self.append {
             // Like Linux: appending nothing neither writes nor moves.
             if buf.is_empty() {
                 return Ok(0);
             }
             let at = self.append(buf)?;
-            self.pos.store(at + buf.len() as u64, Ordering::Relaxed);
+            *pos = at + buf.len() as u64;
             return Ok(buf.len());
         }
-        let pos = self.pos.load(Ordering::Relaxed);
-        let n = self.write_at(buf, pos)?;
-        self.pos.store(pos + n as u64, Ordering::Relaxed);
+        let n = self.write_at(buf, *pos)?;
+        *pos += n as u64;
         Ok(n)
     }
 
     fn seek_pos(&self, to: SeekFrom) -> io::Result<u64> {
-        let base = match to {
-            SeekFrom::Start(n) => {
-                self.pos.store(n, Ordering::Relaxed);
-                return Ok(n);
-            }
-            SeekFrom::Current(d) => (self.pos.load(Ordering::Relaxed), d),
+        let mut pos = self.pos.lock();
+        let (base, by) = match to {
+            SeekFrom::Start(n) => (n, 0),
+            SeekFrom::Current(d) => (*pos, d),
             SeekFrom::End(d) => (self.size(), d),
         };
-        let p = base
-            .0
-            .checked_add_signed(base.1)
+        *pos = base
+            .checked_add_signed(by)
             .ok_or_else(|| err(Errno::EINVAL))?;
-        self.pos.store(p, Ordering::Relaxed);
-        Ok(p)
+        Ok(*pos)
     }
 }
 

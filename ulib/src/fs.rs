@@ -101,8 +101,9 @@ pub(crate) struct Inner {
     /// Kfs has stopped: requests fail with `ENOTCONN` (files may outlive
     /// the `Fs` they were opened from).
     closed: std::sync::atomic::AtomicBool,
-    /// Each slot's page pool: the next unused page and the end.
-    pools: Vec<Mutex<(u64, u64)>>,
+    /// Each slot's page pool: runs of unused pages `(first, end)`, taken
+    /// from the last.
+    pools: Vec<Mutex<Vec<(u64, u64)>>>,
     /// Range locks of the files open in this process.
     range_locks: Mutex<std::collections::HashMap<u64, Weak<crate::range_lock::RangeLock>>>,
     segment: Segment,
@@ -226,20 +227,37 @@ impl Inner {
         let mut pool = self.pools[slot].lock();
         let mut out = Extents::new();
         while out.pages() < n {
-            if pool.0 == pool.1 {
+            let Some(&(start, end)) = pool.last() else {
                 match self.call_as(slot, &Request::Grant { pages: POOL_PAGES }) {
-                    Ok(r) => *pool = (r.inode, r.inode + r.value),
+                    Ok(r) if r.value > 0 => pool.push((r.inode, r.inode + r.value)),
+                    Ok(_) => return Err(err(Errno::EPROTO)),
                     Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && out.pages() > 0 => break,
                     Err(e) => return Err(e),
                 }
-            }
-            let k = (n - out.pages()).min(pool.1 - pool.0);
-            if !out.push(pool.0, k as u32) {
+                continue;
+            };
+            let k = (n - out.pages()).min(end - start);
+            if !out.push(start, k as u32) {
                 break;
             }
-            pool.0 += k;
+            if start + k == end {
+                pool.pop();
+            } else if let Some(top) = pool.last_mut() {
+                top.0 += k;
+            }
         }
         Ok(out)
+    }
+
+    /// Gives pages taken by [`Inner::take_pages`] back to `slot`'s pool, in
+    /// the order they were taken, when the write they were for failed
+    /// before Kfs took them into a file (Kfs refuses a commit without
+    /// taking any of its pages).
+    pub(crate) fn untake_pages(&self, slot: usize, pages: &Extents) {
+        let mut pool = self.pools[slot].lock();
+        for e in pages.as_slice().iter().rev() {
+            pool.push((e.start, e.start + u64::from(e.len)));
+        }
     }
 
     /// The range lock of file `ino`, shared by every open of it here.
@@ -316,7 +334,7 @@ impl Fs {
                 region,
                 client,
                 closed: std::sync::atomic::AtomicBool::new(false),
-                pools: (0..SLOTS).map(|_| Mutex::new((0, 0))).collect(),
+                pools: (0..SLOTS).map(|_| Mutex::new(Vec::new())).collect(),
                 range_locks: Mutex::default(),
                 segment,
                 doorbell,
@@ -709,5 +727,31 @@ impl Fs {
 impl Drop for Fs {
     fn drop(&mut self) {
         let _ = self.stop(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_given_back_after_a_failed_write_are_taken_first() {
+        let dir = tempfile::Builder::new()
+            .prefix("kucofs-pool-")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        let fs = Fs::create(dir.path().join("fs.img"), 64 << 20).unwrap();
+        let inner = fs.inner();
+        let slot = inner.slot().unwrap();
+        let first = inner.take_pages(slot, 3).unwrap();
+        let second = inner.take_pages(slot, 2).unwrap();
+        inner.untake_pages(slot, &second);
+        inner.untake_pages(slot, &first);
+        let again: Vec<u64> = inner.take_pages(slot, 6).unwrap().iter_pages().collect();
+        let before: Vec<u64> = first.iter_pages().chain(second.iter_pages()).collect();
+        assert_eq!(again[..5], before[..]);
+        // The sixth is the pool's next page, not one taken before.
+        assert!(!before.contains(&again[5]));
+        fs.close().unwrap();
     }
 }
