@@ -36,6 +36,22 @@ fn show(fs: &Fs, dir: &str, depth: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Stops the demo with an error if what was read back is not what was
+/// written, so that a run that prints is a run that checked.
+fn expect_eq(what: &str, got: &[u8], want: &[u8]) -> io::Result<()> {
+    if got == want {
+        return Ok(());
+    }
+    Err(io::Error::other(format!(
+        "{what}: read back {:?}, expected {:?}",
+        String::from_utf8_lossy(got),
+        String::from_utf8_lossy(want)
+    )))
+}
+
+const README: &str = "KucoFS: a user-space PM file system\n";
+const NOTES: &str = "first line\nappended line\n";
+
 fn main() -> io::Result<()> {
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
         std::path::PathBuf::from("/dev/shm")
@@ -43,14 +59,18 @@ fn main() -> io::Result<()> {
         std::env::temp_dir()
     };
     let image = dir.join(format!("kucofs-demo-{}.img", std::process::id()));
+    let result = tour(&image);
+    // The image goes, whether the tour got through or not.
+    let _ = std::fs::remove_file(&image);
+    result
+}
+
+fn tour(image: &std::path::Path) -> io::Result<()> {
     println!("making a 64 MiB file system in {}", image.display());
-    let fs = Fs::create(&image, 64 << 20)?;
+    let fs = Fs::create(image, 64 << 20)?;
 
     fs.create_dir_all("projects/kucofs/src")?;
-    fs.write(
-        "projects/kucofs/README",
-        "KucoFS: a user-space PM file system\n",
-    )?;
+    fs.write("projects/kucofs/README", README)?;
     fs.write(
         "projects/kucofs/src/main.rs",
         "fn main() {\n    println!(\"hello\");\n}\n",
@@ -63,6 +83,7 @@ fn main() -> io::Result<()> {
     let mut hole = [1u8; 16];
     File::open(&fs, "projects/notes")?.read_at(&mut hole, 4096)?;
     println!("16 bytes of the hole: {hole:?}");
+    expect_eq("the hole", &hole, &[0; 16])?;
     notes.set_len(11)?;
     drop(notes);
     let mut log = OpenOptions::new()
@@ -87,10 +108,9 @@ fn main() -> io::Result<()> {
     let mut text = String::new();
     f.read_to_string(&mut text)?;
     println!("projects/code/main.rs from byte 3: {text:?}");
-    println!(
-        "projects/notes.bak: {:?}",
-        String::from_utf8_lossy(&fs.read("projects/notes.bak")?)
-    );
+    let bak = fs.read("projects/notes.bak")?;
+    println!("projects/notes.bak: {:?}", String::from_utf8_lossy(&bak));
+    expect_eq("projects/notes.bak", &bak, NOTES.as_bytes())?;
 
     println!("\nthe tree:");
     show(&fs, "/", 1)?;
@@ -101,24 +121,36 @@ fn main() -> io::Result<()> {
         print!("\n{s}");
     }
     fs.close()?;
-    let fs = Fs::open(&image)?;
+    let fs = Fs::open(image)?;
     println!("\nafter close and reopen:");
     show(&fs, "/", 1)?;
+    let readme = fs.read("projects/kucofs/README")?;
     println!(
         "projects/kucofs/README: {:?}",
-        String::from_utf8_lossy(&fs.read("projects/kucofs/README")?)
+        String::from_utf8_lossy(&readme)
     );
+    expect_eq("README after reopen", &readme, README.as_bytes())?;
+    expect_eq(
+        "projects/todo after reopen",
+        &fs.read("projects/todo")?,
+        NOTES.as_bytes(),
+    )?;
 
     fs.write("projects/written-just-before-the-crash", "still here")?;
     fs.simulate_crash();
-    let fs = Fs::open(&image)?;
+    let fs = Fs::open(image)?;
     println!("\nafter a crash and recovery (the log replayed):");
     show(&fs, "/projects", 1)?;
+    let last = fs.read("projects/written-just-before-the-crash")?;
     println!(
         "projects/written-just-before-the-crash: {:?}",
-        String::from_utf8_lossy(&fs.read("projects/written-just-before-the-crash")?)
+        String::from_utf8_lossy(&last)
     );
-    fs.close()?;
-    std::fs::remove_file(&image)?;
-    Ok(())
+    expect_eq("the file written before the crash", &last, b"still here")?;
+    expect_eq(
+        "README after recovery",
+        &fs.read("projects/kucofs/README")?,
+        README.as_bytes(),
+    )?;
+    fs.close()
 }

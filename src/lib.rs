@@ -13,3 +13,8 @@
 //! ```
 
 pub use kucofs_ulib::*;
+
+/// The README's Rust example, run as a doctest so that it stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -150,3 +150,76 @@ fn threads_sharing_a_file_position_never_write_at_the_same_offset() {
     }
     assert_eq!(per_thread, [writes; THREADS as usize]);
 }
+
+/// The errors POSIX gives for using a handle the wrong way.
+#[test]
+fn a_handle_used_against_its_mode_or_kind_is_refused_with_the_posix_error() {
+    let Some((_d, path)) = image() else {
+        return;
+    };
+    let fs = Fs::create(&path, 64 << 20).unwrap();
+    let errno = |e: std::io::Error| e.raw_os_error();
+    fs.write("f", b"data").unwrap();
+    fs.create_dir("d").unwrap();
+    let ro = File::open(&fs, "f").unwrap();
+    assert_eq!(ro.write_at(b"x", 0).map_err(errno), Err(Some(libc::EBADF)));
+    assert_eq!((&ro).write(b"x").map_err(errno), Err(Some(libc::EBADF)));
+    assert_eq!(ro.set_len(0).map_err(errno), Err(Some(libc::EINVAL)));
+    let wo = OpenOptions::new().write(true).open(&fs, "f").unwrap();
+    let mut buf = [0u8; 4];
+    assert_eq!(
+        wo.read_at(&mut buf, 0).map_err(errno),
+        Err(Some(libc::EBADF))
+    );
+    // A directory opens for reading, as on Linux, but reads no bytes.
+    let dir = File::open(&fs, "d").unwrap();
+    assert_eq!(
+        dir.read_at(&mut buf, 0).map_err(errno),
+        Err(Some(libc::EISDIR))
+    );
+    let for_write = OpenOptions::new().write(true).open(&fs, "d");
+    assert_eq!(for_write.map_err(errno).err(), Some(Some(libc::EISDIR)));
+    // Nothing changed.
+    assert_eq!(fs.read("f").unwrap(), b"data");
+}
+
+/// An unlinked file stays readable and writable through the handles open
+/// on it; its pages are freed when the last one closes, and the image is
+/// consistent after a clean close.
+#[test]
+fn an_unlinked_file_lives_until_its_last_handle_closes() {
+    let Some((_d, path)) = image() else {
+        return;
+    };
+    let fs = Fs::create(&path, 64 << 20).unwrap();
+    let empty = fs.statfs().unwrap().blocks_free;
+    let f = File::create(&fs, "gone").unwrap();
+    f.write_at(&vec![5u8; 3 * 4096], 0).unwrap();
+    let g = File::open(&fs, "gone").unwrap();
+    fs.remove_file("gone").unwrap();
+    assert_eq!(
+        fs.metadata("gone").map_err(|e| e.raw_os_error()).err(),
+        Some(Some(libc::ENOENT))
+    );
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    f.write_at(&vec![6u8; 4096], 3 * 4096).unwrap();
+    let mut buf = vec![0u8; 4 * 4096];
+    assert_eq!(g.read_at(&mut buf, 0).unwrap(), 4 * 4096);
+    assert!(buf[..3 * 4096].iter().all(|&b| b == 5));
+    assert!(buf[3 * 4096..].iter().all(|&b| b == 6));
+    assert_eq!(fs.statfs().unwrap().blocks_free, empty - 4);
+    drop(f);
+    assert_eq!(
+        fs.statfs().unwrap().blocks_free,
+        empty - 4,
+        "g is still open"
+    );
+    drop(g);
+    assert_eq!(fs.statfs().unwrap().blocks_free, empty);
+    // A new file may take the name; the old data is nowhere.
+    fs.write("gone", b"new").unwrap();
+    assert_eq!(fs.read("gone").unwrap(), b"new");
+    fs.close().unwrap();
+    let report = kucofs_kfs::fsck(&path).unwrap();
+    assert!(report.problems.is_empty(), "{report}");
+}

@@ -309,6 +309,63 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
     v.close().unwrap();
 }
 
+/// Under batched protection a batch is made read-only once it holds
+/// `BATCH_PAGES` committed pages, without waiting for its time bound.
+#[test]
+fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
+    use kucofs_common::pm::{Protection, BATCH_PAGES, BATCH_TIME};
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let mut v = Volume::open(&path).unwrap();
+    let view = v.image().region().view().unwrap();
+    let at = |page: u64| view.address() + (page * 4096) as usize;
+    v.attach_client(0, Some(view.protector()), Protection::Batched);
+    let f = open_for_write(&mut v, ME, "f");
+    assert_eq!(f.errno, 0);
+    let g = v.handle(
+        &Request::Grant {
+            pages: BATCH_PAGES as u32 + 1,
+        },
+        ME,
+    );
+    assert_eq!(g.errno, 0);
+    assert_eq!(g.value, BATCH_PAGES + 1);
+    let commit = |v: &mut Volume, i: u64| {
+        let mut extents = kucofs_common::proto::Extents::new();
+        extents.push(g.inode + i, 1);
+        let r = v.handle(
+            &Request::Commit {
+                ino: f.ino,
+                first: i,
+                size: i * 4096 + 1,
+                extents,
+            },
+            ME,
+        );
+        assert_eq!(r.errno, 0);
+    };
+    let started = std::time::Instant::now();
+    for i in 0..BATCH_PAGES - 1 {
+        commit(&mut v, i);
+    }
+    let fast = started.elapsed() < BATCH_TIME;
+    if fast {
+        // One page short of a batch, and inside its time bound.
+        assert_eq!(&page_perms(at(g.inode))[..2], "rw");
+    }
+    commit(&mut v, BATCH_PAGES - 1);
+    if !fast || started.elapsed() >= BATCH_TIME {
+        println!("note: the commits outlasted the batch's time bound, which may have flushed it");
+    }
+    for i in [0, BATCH_PAGES - 1] {
+        assert_eq!(&page_perms(at(g.inode + i))[..2], "r-", "page {i}");
+    }
+    // The pool's last page was not committed: still writable.
+    assert_eq!(&page_perms(at(g.inode + BATCH_PAGES))[..2], "rw");
+    v.close().unwrap();
+}
+
 fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Reply {
     v.handle(
         &Request::Open {
