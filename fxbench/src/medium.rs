@@ -8,9 +8,11 @@
 //!   per page; each alone and with a second thread of the process spinning
 //!   (on the other CPU, when the scheduler has one free: the figures mean
 //!   most on a machine with two or more).
-//!   Under `batched`, each page written is made writable (with its pool)
-//!   and read-only again (with its batch), so the 256-page figure is its
-//!   cost per page; `strict` makes each commit's pages read-only on their
+//!   Under `batched`, a page written for the first time is made writable
+//!   (with its pool) and read-only again (with its batch), so the
+//!   batch-sized figure is its cost per page (a page an overwrite replaced
+//!   before its batch's flip stays writable and costs nothing more);
+//!   `strict` makes each commit's pages read-only on their
 //!   own, half of a one-page pair. A flip changes the page tables of a
 //!   process that may run on other CPUs, so the kernel interrupts those to
 //!   drop stale translations: the second thread shows what that adds.

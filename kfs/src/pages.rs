@@ -152,6 +152,16 @@ impl Pages {
         self.end - self.first
     }
 
+    /// The lowest free run: its first page and length.
+    pub fn lowest_free(&self) -> Option<(u64, u64)> {
+        self.free.iter().next().map(|(&s, &n)| (s, n))
+    }
+
+    /// True if page `p` is in a file (committed, not replaced).
+    pub fn in_file(&self, p: u64) -> bool {
+        p >= self.first && p < self.end && self.state(p) == USED
+    }
+
     /// Takes up to `want` free pages, in one run, for `h`'s pool: the
     /// lowest free run, or with `long` the lowest of at least [`LONG`]
     /// pages when there is one. `ENOSPC` if no page is free.

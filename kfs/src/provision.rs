@@ -51,28 +51,56 @@ impl Provisioner {
     /// provisioned.
     pub fn step(&mut self) -> bool {
         let used = self.index.load_u64(HDR_USED, Ordering::Relaxed);
-        let target = (used + AHEAD).min(self.index.len());
-        if self.index_done < used {
-            // Allocation overtook us: what lies behind was touched anyway.
-            self.index_done = used;
-        }
-        if self.index_done < target {
-            let n = CHUNK.min(target - self.index_done);
+        if let Some(n) = due(&mut self.index_done, used, self.index.len()) {
             self.index.populate(self.index_done, n);
             self.index_done += n;
             return true;
         }
         let pos = self.log_pos.load(Ordering::Relaxed);
-        let target = (pos + AHEAD).min(self.log.len());
-        if self.log_done < pos {
-            self.log_done = pos;
-        }
-        if self.log_done < target {
-            let n = CHUNK.min(target - self.log_done);
+        if let Some(n) = due(&mut self.log_done, pos, self.log.len()) {
             self.region.prefault(self.log.offset() + self.log_done, n);
             self.log_done += n;
             return true;
         }
         false
+    }
+}
+
+/// The bytes to populate next from `done`, for a space of `len` bytes used
+/// up to `at`: a whole [`CHUNK`] once that much of the [`AHEAD`] window is
+/// unpopulated, or the rest of the space at its end. Never less: the
+/// window slides on by a few bytes with every allocation or log entry, and
+/// populating such slivers would cost a system call for each.
+fn due(done: &mut u64, at: u64, len: u64) -> Option<u64> {
+    // Use overtook provisioning: what lies behind was touched anyway.
+    *done = (*done).max(at);
+    let target = at.saturating_add(AHEAD).min(len);
+    let left = target.saturating_sub(*done);
+    (left >= CHUNK || (left > 0 && target == len)).then(|| left.min(CHUNK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provisioning_goes_in_whole_chunks_except_at_the_end() {
+        let len = 4 * AHEAD;
+        let mut done = 0;
+        assert_eq!(due(&mut done, 0, len), Some(CHUNK));
+        // Everything ahead populated: a few bytes more use is not a chunk.
+        done = AHEAD;
+        assert_eq!(due(&mut done, 64, len), None);
+        assert_eq!(due(&mut done, CHUNK - 1, len), None);
+        assert_eq!(due(&mut done, CHUNK, len), Some(CHUNK));
+        // Use that overtook provisioning moves it on.
+        done = 0;
+        assert_eq!(due(&mut done, 3 * AHEAD, len), Some(CHUNK));
+        assert_eq!(done, 3 * AHEAD);
+        // Near the end, the rest, however short.
+        done = len - 100;
+        assert_eq!(due(&mut done, len - AHEAD, len), Some(100));
+        done = len;
+        assert_eq!(due(&mut done, len - 10, len), None);
     }
 }

@@ -303,7 +303,9 @@ pub enum Protection {
     Strict,
     /// Committed pages become read-only in batches: once
     /// [`BATCH_PAGES`] of a pool are committed, or [`BATCH_TIME`] after the
-    /// first of them was, whichever comes first.
+    /// first of them was, whichever comes first. A page no file holds by
+    /// then (an overwrite replaced it) stays writable for this client
+    /// until Kfs grants it to another.
     #[default]
     Batched,
     /// Pool pages stay writable after their commit.
@@ -311,8 +313,9 @@ pub enum Protection {
 }
 
 /// Most committed pages a client's thread may leave writable under
-/// [`Protection::Batched`].
-pub const BATCH_PAGES: u64 = 256;
+/// [`Protection::Batched`]: a pool's worth (4 MiB), so that a thread
+/// writing through its pool pays about one protection change per pool.
+pub const BATCH_PAGES: u64 = 1024;
 /// Longest a committed page stays writable under [`Protection::Batched`].
 pub const BATCH_TIME: std::time::Duration = std::time::Duration::from_millis(10);
 

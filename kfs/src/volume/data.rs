@@ -38,10 +38,72 @@ pub(crate) struct ClientData {
     /// Committed pages still writable, per slot (batched protection).
     pending: IntMap<u32, Pending>,
     /// Data pages (index: page - first data page) already faulted into the
-    /// client's view; the others are faulted in when granted. Under `off`,
-    /// which never makes a page read-only again, these are also the pages
-    /// already writable there.
+    /// client's view; the others are faulted in when granted.
     mapped: Vec<bool>,
+    /// Data pages writable in the client's view now: its pool pages, its
+    /// committed pages inside the batched window, and pages that left a
+    /// file while writable (under `batched` and `off` those stay so: no
+    /// file holds them, and no reader returns their bytes, since a reader
+    /// checks after copying that its entries did not change).
+    writable: Vec<bool>,
+}
+
+impl ClientData {
+    /// Sizes the page flags for `total` data pages (once).
+    fn view_flags(&mut self, total: usize) {
+        if self.mapped.len() != total {
+            self.mapped = vec![false; total];
+            self.writable = vec![false; total];
+        }
+    }
+}
+
+/// Calls `f(first, len)` for every maximal run of pages in `range` that
+/// `pick` picks.
+fn each_run(
+    range: std::ops::Range<u64>,
+    mut pick: impl FnMut(u64) -> bool,
+    mut f: impl FnMut(u64, u64),
+) {
+    let mut run: Option<u64> = None;
+    for q in range.start..=range.end {
+        let picked = q < range.end && pick(q);
+        match (picked, run) {
+            (true, None) => run = Some(q),
+            (false, Some(r)) => {
+                f(r, q - r);
+                run = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Makes read-only in `p`'s view the pages of `runs` that are still in a
+/// file, and notes them no longer writable. Pages replaced since they were
+/// committed stay writable: they hold no file's data, and may come back
+/// to this client's pools without a flip (DESIGN §8, §11).
+fn flip_committed(
+    p: &Protector,
+    runs: &[(u64, u64)],
+    pages: &crate::pages::Pages,
+    writable: &mut [bool],
+) {
+    let base = pages.first_page();
+    for &(s, l) in runs {
+        each_run(
+            s..s + l,
+            |q| pages.in_file(q),
+            |r, n| {
+                let _ = p.set(r, n, false);
+                for q in r..r + n {
+                    if let Some(w) = writable.get_mut((q - base) as usize) {
+                        *w = false;
+                    }
+                }
+            },
+        );
+    }
 }
 
 #[derive(Debug, Default)]
@@ -97,8 +159,11 @@ impl Volume {
         let Some(mut c) = self.data.clients.remove(&client) else {
             return Ok(());
         };
-        for pend in c.pending.values_mut() {
-            pend.flush(c.protector.as_ref());
+        if let Some(p) = &c.protector {
+            for pend in c.pending.values_mut() {
+                flip_committed(p, &pend.runs, &self.pages, &mut c.writable);
+                pend.clear();
+            }
         }
         self.data.leases.retain(|_, &mut c| c != client);
         self.pages.release_client(client);
@@ -248,10 +313,11 @@ impl Volume {
     }
 
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
-        // Pools made writable and read-only again one run at a time want
-        // long runs; under `off`, pages come back writable, so the lowest
-        // free pages, wherever they are, serve best.
-        let flips = self.client(caller)?.protection != Protection::Off;
+        let total = self.pages.total_pages() as usize;
+        let base = self.pages.first_page();
+        let c = self.client(caller)?;
+        c.view_flags(total);
+        let protection = c.protection;
         let want = u64::from(pages.clamp(1, POOL_MAX));
         let h = holder(caller);
         // Pages replaced a moment ago become free once the readers still
@@ -259,7 +325,21 @@ impl Volume {
         // holds none of them up).
         let mut tries = 0;
         let (start, n) = loop {
-            match self.pages.grant(h, want, flips) {
+            // The lowest free pages when they are writable here already
+            // (always under `off`, which never flips them back); else,
+            // since each run costs a protection change, the lowest long
+            // run.
+            let lowest_ready = match protection {
+                Protection::Off => true,
+                Protection::Strict => false,
+                Protection::Batched => {
+                    let w = &self.data.clients[&caller.client].writable;
+                    self.pages
+                        .lowest_free()
+                        .is_some_and(|(s, l)| (s..s + l.min(want)).all(|q| w[(q - base) as usize]))
+                }
+            };
+            match self.pages.grant(h, want, !lowest_ready) {
                 Ok(g) => break g,
                 Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES => return Err(e),
                 Err(_) => {
@@ -271,42 +351,48 @@ impl Volume {
                 }
             }
         };
-        let base = self.pages.first_page();
-        let total = self.pages.total_pages() as usize;
-        let c = self.client(caller)?;
-        // Committed pages still waiting to become read-only may since have
-        // been replaced, freed and granted again (to this pool or another
-        // slot's): flip them now, before the grant makes pages writable, so
-        // that no late flip takes a page from a pool.
-        for pend in c.pending.values_mut() {
-            pend.flush(c.protector.as_ref());
-        }
-        if let Some(p) = &c.protector {
-            if c.mapped.len() != total {
-                c.mapped = vec![false; total];
+        // Another client's view may still have some of these pages
+        // writable (they left a file there): not any more.
+        for (&id, other) in self.data.clients.iter_mut() {
+            if id == caller.client || other.writable.len() != total {
+                continue;
             }
-            let had = |q: u64| c.mapped[(q - base) as usize];
-            // Under `off` a page this view had is writable still.
-            let writable = !flips && (start..start + n).all(had);
-            if !writable && p.set(start, n, true).is_err() {
+            let Some(p) = &other.protector else { continue };
+            let w = &mut other.writable;
+            each_run(
+                start..start + n,
+                |q| w[(q - base) as usize],
+                |r, k| {
+                    let _ = p.set(r, k, false);
+                },
+            );
+            for q in start..start + n {
+                w[(q - base) as usize] = false;
+            }
+        }
+        let c = self.client(caller)?;
+        if let Some(p) = &c.protector {
+            let w = &c.writable;
+            let mut failed = false;
+            each_run(
+                start..start + n,
+                |q| !w[(q - base) as usize],
+                |r, k| failed |= p.set(r, k, true).is_err(),
+            );
+            if failed {
                 self.pages.ungrant(start, n);
                 return Err(Errno::EIO);
             }
             // Fault in, in runs, the pages this view never had.
-            let mut run: Option<u64> = None;
-            for q in start..=start + n {
-                let fresh = q < start + n && !c.mapped[(q - base) as usize];
-                match (fresh, run) {
-                    (true, None) => run = Some(q),
-                    (false, Some(r)) => {
-                        p.populate(r, q - r);
-                        run = None;
-                    }
-                    _ => {}
-                }
-                if fresh {
-                    c.mapped[(q - base) as usize] = true;
-                }
+            let m = &c.mapped;
+            each_run(
+                start..start + n,
+                |q| !m[(q - base) as usize],
+                |r, k| p.populate(r, k),
+            );
+            for q in start..start + n {
+                c.mapped[(q - base) as usize] = true;
+                c.writable[(q - base) as usize] = true;
             }
         }
         Ok(Reply {
@@ -464,8 +550,14 @@ impl Volume {
         match c.protection {
             Protection::Off => {}
             Protection::Strict => {
+                let base = self.pages.first_page();
                 for e in extents.as_slice() {
                     let _ = p.set(e.start, u64::from(e.len), false);
+                    for q in e.start..e.start + u64::from(e.len) {
+                        if let Some(w) = c.writable.get_mut((q - base) as usize) {
+                            *w = false;
+                        }
+                    }
                 }
             }
             Protection::Batched => {
@@ -482,7 +574,8 @@ impl Volume {
                     pend.pages += l;
                 }
                 if pend.pages >= BATCH_PAGES || batch_expired(pend.since, now) {
-                    pend.flush(Some(p));
+                    flip_committed(p, &pend.runs, &self.pages, &mut c.writable);
+                    pend.clear();
                 }
             }
         }
@@ -495,7 +588,10 @@ impl Volume {
         for c in self.data.clients.values_mut() {
             for pend in c.pending.values_mut() {
                 if !pend.runs.is_empty() && batch_expired(pend.since, now) {
-                    pend.flush(c.protector.as_ref());
+                    if let Some(p) = &c.protector {
+                        flip_committed(p, &pend.runs, &self.pages, &mut c.writable);
+                    }
+                    pend.clear();
                 }
             }
         }
@@ -510,13 +606,8 @@ fn holder(caller: Caller) -> Holder {
 }
 
 impl Pending {
-    /// Makes the pages read-only through `protector` and empties the batch.
-    fn flush(&mut self, protector: Option<&Protector>) {
-        if let Some(p) = protector {
-            for &(s, l) in &self.runs {
-                let _ = p.set(s, l, false);
-            }
-        }
+    /// Empties the batch (its pages were made read-only).
+    fn clear(&mut self) {
         self.runs.clear();
         self.pages = 0;
     }
