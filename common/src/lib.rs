@@ -16,6 +16,7 @@ pub mod format;
 pub mod index;
 pub mod pm;
 pub mod proto;
+pub mod scratch;
 pub mod size;
 
 pub use errno::Errno;

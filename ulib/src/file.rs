@@ -236,21 +236,22 @@ impl File {
         if self.kind == Kind::Dir {
             return Err(err(Errno::EISDIR));
         }
+        // Room for the entries of one chunk: an unaligned read touches one
+        // page more than its length fills. Most reads are a few pages: no
+        // allocation (nor a large clear) for those.
+        let pages = ((buf.len() as u64).div_ceil(PAGE) + 1).min(READ_CHUNK);
+        kucofs_common::scratch::with_words(pages as usize, |entries| {
+            self.read_into(entries, buf, offset)
+        })
+    }
+
+    /// [`File::read_at`], with room for `entries.len()` map entries at a
+    /// time.
+    fn read_into(&self, entries: &mut [u64], buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let region = &self.fs.region;
         self.fs.with_index(|r| {
             let mem = r.mem();
             let mut done = 0usize;
-            // Most reads are a few pages: no allocation (nor a large clear)
-            // for those.
-            let mut small = [0u64; 16];
-            let mut big = Vec::new();
-            let pages = (buf.len() as u64).div_ceil(PAGE) + 1;
-            let entries: &mut [u64] = if pages <= small.len() as u64 {
-                &mut small
-            } else {
-                big.resize(pages.min(READ_CHUNK) as usize, 0);
-                &mut big
-            };
             while done < buf.len() {
                 let at = offset + done as u64;
                 // One chunk: the pages of up to READ_CHUNK, copied from one
@@ -380,15 +381,7 @@ impl File {
         data: &[u8],
     ) -> io::Result<()> {
         let fs = &self.fs;
-        if at % PAGE == 0 && end % PAGE == 0 {
-            // Whole pages: no old bytes to keep, so no need to read the map.
-            for (i, dst) in extents.iter_pages().enumerate() {
-                let src = &data[i * PAGE as usize..(i + 1) * PAGE as usize];
-                fs.region.write_pool(dst * PAGE, src).map_err(common_err)?;
-            }
-        } else {
-            fs.with_index(|r| self.fill_pages(r.mem(), extents, first, at, data))??;
-        }
+        self.fill_pages(extents, first, at, data)?;
         fs.region.fence();
         fs.call_as(
             slot,
@@ -402,20 +395,12 @@ impl File {
         Ok(())
     }
 
-    /// Fills the pool pages `extents` with file pages `first..`: the old
-    /// bytes of the file where `data` (which starts at byte `at`) does not
-    /// cover them, zeros past the end of the file.
-    fn fill_pages(
-        &self,
-        mem: &kucofs_common::pm::ShmView,
-        extents: &Extents,
-        first: u64,
-        at: u64,
-        data: &[u8],
-    ) -> io::Result<()> {
+    /// Fills the pool pages `extents` with file pages `first..`: `data`
+    /// (which starts at byte `at`), and around it in the first and last
+    /// page the old bytes of the file, zeros in a hole and past the end.
+    /// Only those two pages read the map.
+    fn fill_pages(&self, extents: &Extents, first: u64, at: u64, data: &[u8]) -> io::Result<()> {
         let region = &self.fs.region;
-        let size = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
-        let map = MapReader::of_inode(mem, self.inode);
         let end = at + data.len() as u64;
         let mut page = [0u8; PAGE as usize];
         for (i, dst) in extents.iter_pages().enumerate() {
@@ -427,22 +412,35 @@ impl File {
                 region.write_pool(dst * PAGE, src).map_err(common_err)?;
                 continue;
             }
-            // Old bytes: only those inside the file (past its end, a page
-            // may hold what a shrink left behind); zeros for a hole and past
-            // the end.
-            let old = size.saturating_sub(ps).min(PAGE) as usize;
-            let e = map.entry(fp);
-            if old > 0 && e != 0 {
-                region
-                    .read(entry_page(e) * PAGE, &mut page[..old])
-                    .map_err(common_err)?;
-            } else {
-                page[..old].fill(0);
-            }
-            page[old..].fill(0);
+            self.fs
+                .with_index(|r| self.old_page(r.mem(), fp, &mut page))??;
             page[(ds - ps) as usize..(de - ps) as usize].copy_from_slice(src);
             region.write_pool(dst * PAGE, &page).map_err(common_err)?;
         }
+        Ok(())
+    }
+
+    /// Copies file page `fp` into `page`: its bytes inside the file (past
+    /// its end, a page may hold what a shrink left behind), zeros for a
+    /// hole and past the end.
+    fn old_page(
+        &self,
+        mem: &kucofs_common::pm::ShmView,
+        fp: u64,
+        page: &mut [u8; PAGE as usize],
+    ) -> io::Result<()> {
+        let size = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
+        let old = size.saturating_sub(fp * PAGE).min(PAGE) as usize;
+        let e = MapReader::of_inode(mem, self.inode).entry(fp);
+        if old > 0 && e != 0 {
+            self.fs
+                .region
+                .read(entry_page(e) * PAGE, &mut page[..old])
+                .map_err(common_err)?;
+        } else {
+            page[..old].fill(0);
+        }
+        page[old..].fill(0);
         Ok(())
     }
 

@@ -31,30 +31,82 @@ const GRANT_TRIES: u32 = 10_000;
 /// What Kfs keeps about one attached client.
 #[derive(Debug, Default)]
 pub(crate) struct ClientData {
-    protector: Option<Protector>,
+    /// Its view of the region, if Kfs changes its protection.
+    view: Option<View>,
     protection: Protection,
     /// Open files: ino -> (opens, write opens).
     opens: IntMap<u64, (u32, u32)>,
     /// Committed pages still writable, per slot (batched protection).
     pending: IntMap<u32, Pending>,
-    /// Data pages (index: page - first data page) already faulted into the
-    /// client's view; the others are faulted in when granted.
-    mapped: Vec<bool>,
-    /// Data pages writable in the client's view now: its pool pages, its
-    /// committed pages inside the batched window, and pages that left a
-    /// file while writable (under `batched` and `off` those stay so: no
-    /// file holds them, and no reader returns their bytes, since a reader
-    /// checks after copying that its entries did not change).
-    writable: Vec<bool>,
 }
 
-impl ClientData {
-    /// Sizes the page flags for `total` data pages (once).
-    fn view_flags(&mut self, total: usize) {
-        if self.mapped.len() != total {
-            self.mapped = vec![false; total];
-            self.writable = vec![false; total];
+/// How a client's view holds one data page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Never granted to it: not faulted in, read-only.
+    Never,
+    ReadOnly,
+    Writable,
+}
+
+/// A client's view of the region as Kfs protects it. Writable pages are
+/// its pool pages, its committed pages inside the batched window, and
+/// pages that left a file while writable (under `batched` and `off` those
+/// stay so: no file holds them, and no reader returns their bytes, since a
+/// reader checks after copying that its entries did not change).
+#[derive(Debug)]
+struct View {
+    protector: Protector,
+    /// The first data page; `held[i]` is about page `base + i`.
+    base: u64,
+    held: Vec<Held>,
+}
+
+impl View {
+    fn held(&self, page: u64) -> Held {
+        self.held[(page - self.base) as usize]
+    }
+
+    /// True if every page of `range` is writable here.
+    fn writable(&self, range: std::ops::Range<u64>) -> bool {
+        range.into_iter().all(|q| self.held(q) == Held::Writable)
+    }
+
+    /// Makes pages `start..start + n` writable (faulting in those the view
+    /// never had) or read-only: one protection change for each run of
+    /// pages not so already. Pages the view never had stay as they are
+    /// when made read-only.
+    fn set(&mut self, start: u64, n: u64, writable: bool) -> Result<(), Errno> {
+        let (want, needs): (Held, fn(Held) -> bool) = if writable {
+            (Held::Writable, |h| h != Held::Writable)
+        } else {
+            (Held::ReadOnly, |h| h == Held::Writable)
+        };
+        let end = start + n;
+        let mut q = start;
+        while q < end {
+            if !needs(self.held(q)) {
+                q += 1;
+                continue;
+            }
+            let r = q;
+            while q < end && needs(self.held(q)) {
+                q += 1;
+            }
+            self.protector
+                .set(r, q - r, writable)
+                .map_err(|_| Errno::EIO)?;
+            if writable {
+                let p = &self.protector;
+                each_run(
+                    r..q,
+                    |x| self.held(x) == Held::Never,
+                    |f, k| p.populate(f, k),
+                );
+            }
+            self.held[(r - self.base) as usize..(q - self.base) as usize].fill(want);
         }
+        Ok(())
     }
 }
 
@@ -79,28 +131,18 @@ fn each_run(
     }
 }
 
-/// Makes read-only in `p`'s view the pages of `runs` that are still in a
-/// file, and notes them no longer writable. Pages replaced since they were
-/// committed stay writable: they hold no file's data, and may come back
-/// to this client's pools without a flip (DESIGN §8, §11).
-fn flip_committed(
-    p: &Protector,
-    runs: &[(u64, u64)],
-    pages: &crate::pages::Pages,
-    writable: &mut [bool],
-) {
-    let base = pages.first_page();
+/// Makes read-only in `view` the pages of `runs` that are still in a file.
+/// Pages replaced since they were committed stay writable: they hold no
+/// file's data, and may come back to this client's pools without a flip
+/// (DESIGN §8, §11).
+fn flip_committed(view: &mut View, runs: &[(u64, u64)], pages: &crate::pages::Pages) {
     for &(s, l) in runs {
         each_run(
             s..s + l,
             |q| pages.in_file(q),
             |r, n| {
-                let _ = p.set(r, n, false);
-                for q in r..r + n {
-                    if let Some(w) = writable.get_mut((q - base) as usize) {
-                        *w = false;
-                    }
-                }
+                // A failed flip leaves the pages marked writable, as they are.
+                let _ = view.set(r, n, false);
             },
         );
     }
@@ -141,10 +183,15 @@ impl Volume {
         protector: Option<Protector>,
         protection: Protection,
     ) {
+        let view = protector.map(|protector| View {
+            protector,
+            base: self.pages.first_page(),
+            held: vec![Held::Never; self.pages.total_pages() as usize],
+        });
         self.data.clients.insert(
             client,
             ClientData {
-                protector,
+                view,
                 protection,
                 ..ClientData::default()
             },
@@ -159,11 +206,11 @@ impl Volume {
         let Some(mut c) = self.data.clients.remove(&client) else {
             return Ok(());
         };
-        if let Some(p) = &c.protector {
-            for pend in c.pending.values_mut() {
-                flip_committed(p, &pend.runs, &self.pages, &mut c.writable);
-                pend.clear();
+        for pend in c.pending.values_mut() {
+            if let Some(v) = &mut c.view {
+                flip_committed(v, &pend.runs, &self.pages);
             }
+            pend.clear();
         }
         self.data.leases.retain(|_, &mut c| c != client);
         self.pages.release_client(client);
@@ -313,11 +360,7 @@ impl Volume {
     }
 
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
-        let total = self.pages.total_pages() as usize;
-        let base = self.pages.first_page();
-        let c = self.client(caller)?;
-        c.view_flags(total);
-        let protection = c.protection;
+        let protection = self.client(caller)?.protection;
         let want = u64::from(pages.clamp(1, POOL_MAX));
         let h = holder(caller);
         // Pages replaced a moment ago become free once the readers still
@@ -332,12 +375,13 @@ impl Volume {
             let lowest_ready = match protection {
                 Protection::Off => true,
                 Protection::Strict => false,
-                Protection::Batched => {
-                    let w = &self.data.clients[&caller.client].writable;
-                    self.pages
+                Protection::Batched => match &self.data.clients[&caller.client].view {
+                    Some(v) => self
+                        .pages
                         .lowest_free()
-                        .is_some_and(|(s, l)| (s..s + l.min(want)).all(|q| w[(q - base) as usize]))
-                }
+                        .is_some_and(|(s, l)| v.writable(s..s + l.min(want))),
+                    None => true,
+                },
             };
             match self.pages.grant(h, want, !lowest_ready) {
                 Ok(g) => break g,
@@ -351,48 +395,17 @@ impl Volume {
                 }
             }
         };
-        // Another client's view may still have some of these pages
-        // writable (they left a file there): not any more.
-        for (&id, other) in self.data.clients.iter_mut() {
-            if id == caller.client || other.writable.len() != total {
-                continue;
-            }
-            let Some(p) = &other.protector else { continue };
-            let w = &mut other.writable;
-            each_run(
-                start..start + n,
-                |q| w[(q - base) as usize],
-                |r, k| {
-                    let _ = p.set(r, k, false);
-                },
-            );
-            for q in start..start + n {
-                w[(q - base) as usize] = false;
-            }
-        }
-        let c = self.client(caller)?;
-        if let Some(p) = &c.protector {
-            let w = &c.writable;
-            let mut failed = false;
-            each_run(
-                start..start + n,
-                |q| !w[(q - base) as usize],
-                |r, k| failed |= p.set(r, k, true).is_err(),
-            );
-            if failed {
-                self.pages.ungrant(start, n);
-                return Err(Errno::EIO);
-            }
-            // Fault in, in runs, the pages this view never had.
-            let m = &c.mapped;
-            each_run(
-                start..start + n,
-                |q| !m[(q - base) as usize],
-                |r, k| p.populate(r, k),
-            );
-            for q in start..start + n {
-                c.mapped[(q - base) as usize] = true;
-                c.writable[(q - base) as usize] = true;
+        for (&id, c) in self.data.clients.iter_mut() {
+            let Some(v) = &mut c.view else { continue };
+            if id == caller.client {
+                if v.set(start, n, true).is_err() {
+                    self.pages.ungrant(start, n);
+                    return Err(Errno::EIO);
+                }
+            } else {
+                // Another client's view may still have some of these pages
+                // writable (they left a file there): not any more.
+                let _ = v.set(start, n, false);
             }
         }
         Ok(Reply {
@@ -458,48 +471,42 @@ impl Volume {
         if (first + n - 1) * PAGE >= new_size {
             return Err(Errno::EINVAL);
         }
-        let h = holder(caller);
         // Most commits are a few pages: no allocation for those.
-        let mut small = [0u64; 16];
-        let mut big = Vec::new();
-        let pages: &mut [u64] = if n as usize <= small.len() {
-            &mut small[..n as usize]
-        } else {
-            big.resize(n as usize, 0);
-            &mut big
-        };
-        for (slot, p) in pages.iter_mut().zip(extents.iter_pages()) {
-            *slot = p;
-        }
-        let pages = &*pages;
-        self.pages.take(h, pages)?;
-        if new_size > old_size {
-            if let Err(e) = self.zero_tail(inode, old_size, first..first + n) {
+        kucofs_common::scratch::with_words(n as usize, |pages| {
+            for (slot, p) in pages.iter_mut().zip(extents.iter_pages()) {
+                *slot = p;
+            }
+            let pages = &*pages;
+            let h = holder(caller);
+            self.pages.take(h, pages)?;
+            if new_size > old_size {
+                if let Err(e) = self.zero_tail(inode, old_size, first..first + n) {
+                    self.pages.untake(h, pages);
+                    return Err(e);
+                }
+            }
+            let time = now_ns();
+            let rec = Record::Write {
+                ino,
+                first,
+                extents: *extents,
+                size: new_size,
+                time,
+            };
+            if let Err(e) = self.log_record(&rec) {
                 self.pages.untake(h, pages);
                 return Err(e);
             }
-        }
-        let time = now_ns();
-        let rec = Record::Write {
-            ino,
-            first,
-            extents: *extents,
-            size: new_size,
-            time,
-        };
-        if let Err(e) = self.log_record(&rec) {
-            self.pages.untake(h, pages);
-            return Err(e);
-        }
-        self.ns.write_pages(inode, first, pages, new_size, time)?;
-        self.retire_replaced();
-        self.after_commit(caller, extents, time);
-        self.maybe_checkpoint();
-        Ok(Reply {
-            ino,
-            inode,
-            value: new_size,
-            ..Reply::default()
+            self.ns.write_pages(inode, first, pages, new_size, time)?;
+            self.retire_replaced();
+            self.after_commit(caller, extents, time);
+            self.maybe_checkpoint();
+            Ok(Reply {
+                ino,
+                inode,
+                value: new_size,
+                ..Reply::default()
+            })
         })
     }
 
@@ -544,20 +551,14 @@ impl Volume {
         let Some(c) = self.data.clients.get_mut(&caller.client) else {
             return;
         };
-        let Some(p) = c.protector.as_ref() else {
+        let Some(v) = &mut c.view else {
             return;
         };
         match c.protection {
             Protection::Off => {}
             Protection::Strict => {
-                let base = self.pages.first_page();
                 for e in extents.as_slice() {
-                    let _ = p.set(e.start, u64::from(e.len), false);
-                    for q in e.start..e.start + u64::from(e.len) {
-                        if let Some(w) = c.writable.get_mut((q - base) as usize) {
-                            *w = false;
-                        }
-                    }
+                    let _ = v.set(e.start, u64::from(e.len), false);
                 }
             }
             Protection::Batched => {
@@ -574,7 +575,7 @@ impl Volume {
                     pend.pages += l;
                 }
                 if pend.pages >= BATCH_PAGES || batch_expired(pend.since, now) {
-                    flip_committed(p, &pend.runs, &self.pages, &mut c.writable);
+                    flip_committed(v, &pend.runs, &self.pages);
                     pend.clear();
                 }
             }
@@ -588,8 +589,8 @@ impl Volume {
         for c in self.data.clients.values_mut() {
             for pend in c.pending.values_mut() {
                 if !pend.runs.is_empty() && batch_expired(pend.since, now) {
-                    if let Some(p) = &c.protector {
-                        flip_committed(p, &pend.runs, &self.pages, &mut c.writable);
+                    if let Some(v) = &mut c.view {
+                        flip_committed(v, &pend.runs, &self.pages);
                     }
                     pend.clear();
                 }
