@@ -19,6 +19,41 @@ fn shm_dir() -> tempfile::TempDir {
         .unwrap()
 }
 
+/// A fresh 16 MiB image, opened (the directory holds it).
+fn volume() -> (tempfile::TempDir, std::path::PathBuf, Volume) {
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let v = Volume::open(&path).unwrap();
+    (dir, path, v)
+}
+
+/// Opens (creating) `path` for writing.
+fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Reply {
+    v.handle(
+        &Request::Open {
+            path: path.as_bytes(),
+            flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::CREATE,
+            mode: 0o644,
+            hint: None,
+        },
+        who,
+    )
+}
+
+/// A commit of region pages `start..start + len` as file `ino`'s pages
+/// from `first`, naming size `size`.
+fn commit(ino: u64, first: u64, size: u64, start: u64, len: u32) -> Request<'static> {
+    let mut extents = kucofs_common::proto::Extents::new();
+    extents.push(start, len);
+    Request::Commit {
+        ino,
+        first,
+        size,
+        extents,
+    }
+}
+
 fn create(v: &mut Volume, path: &str, dir: bool) -> Reply {
     let mode = if dir {
         libc::S_IFDIR | 0o755
@@ -58,10 +93,7 @@ fn tree(ns: &Namespace) -> BTreeMap<String, (Kind, u32, u32, u64)> {
 
 #[test]
 fn a_tree_survives_a_clean_close_and_a_crash() {
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
-    let mut v = Volume::open(&path).unwrap();
+    let (_dir, path, mut v) = volume();
     assert!(!v.image().superblock().clean);
     create(&mut v, "a", true);
     create(&mut v, "a/f", false);
@@ -179,38 +211,17 @@ fn every_crash_image_of_a_create_recovers_to_before_or_after() {
 /// unlinked file it kept) and its unused pool pages.
 #[test]
 fn a_detached_client_loses_its_leases_opens_and_pools() {
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
-    let mut v = Volume::open(&path).unwrap();
+    let (_dir, _, mut v) = volume();
     let other = Caller { client: 1, ..ME };
     v.attach_client(0, None, Default::default());
     v.attach_client(1, None, Default::default());
-    let open = |v: &mut Volume, who: Caller, path: &str| {
-        v.handle(
-            &Request::Open {
-                path: path.as_bytes(),
-                flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::CREATE,
-                mode: 0o644,
-                hint: None,
-            },
-            who,
-        )
-    };
-    let f = open(&mut v, ME, "f");
+    let f = open_for_write(&mut v, ME, "f");
     assert_eq!(f.errno, 0);
-    assert_eq!(open(&mut v, other, "f").errno, libc::ETXTBSY);
+    assert_eq!(open_for_write(&mut v, other, "f").errno, libc::ETXTBSY);
     let free = v.pages().free_pages();
     let g = v.handle(&Request::Grant { pages: 8 }, ME);
     assert_eq!((g.errno, g.value), (0, 8));
-    let mut extents = kucofs_common::proto::Extents::new();
-    extents.push(g.inode, 1);
-    let commit = Request::Commit {
-        ino: f.ino,
-        first: 0,
-        size: 10,
-        extents,
-    };
+    let commit = commit(f.ino, 0, 10, g.inode, 1);
     // Not the lease holder: refused; the holder: accepted.
     assert_eq!(v.handle(&commit, other).errno, libc::EBADF);
     assert_eq!(v.handle(&commit, ME).errno, 0);
@@ -235,14 +246,15 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
     assert_eq!(v.pages().free_pages(), free - 1);
     assert!(v.reclaim_now() > 0);
     assert_eq!(v.pages().free_pages(), free);
-    let g2 = open(&mut v, other, "f");
+    let g2 = open_for_write(&mut v, other, "f");
     assert_eq!(g2.errno, 0);
     v.close().unwrap();
 }
 
-/// The permissions of the page at `addr` in this process, from
-/// `/proc/self/maps` (e.g. "r--s" or "rw-s").
-fn page_perms(addr: usize) -> String {
+/// The read and write letters ("rw" or "r-") of region page `page` in
+/// `view`, from `/proc/self/maps`.
+fn perms(view: &kucofs_common::pm::RegionView, page: u64) -> String {
+    let addr = view.address() + (page * 4096) as usize;
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     maps.lines()
         .find_map(|l| {
@@ -252,7 +264,7 @@ fn page_perms(addr: usize) -> String {
                 usize::from_str_radix(a, 16).ok()?,
                 usize::from_str_radix(b, 16).ok()?,
             );
-            (a <= addr && addr < b).then(|| rest[..4].to_owned())
+            (a <= addr && addr < b).then(|| rest[..2].to_owned())
         })
         .unwrap()
 }
@@ -263,48 +275,28 @@ fn page_perms(addr: usize) -> String {
 #[test]
 fn committed_pages_become_read_only_as_the_protection_mode_says() {
     use kucofs_common::pm::{Protection, BATCH_TIME};
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
-    let mut v = Volume::open(&path).unwrap();
+    let (_dir, _, mut v) = volume();
     let view = v.image().region().view().unwrap();
-    let at = |page: u64| view.address() + (page * 4096) as usize;
     for (client, mode) in [(0, Protection::Strict), (1, Protection::Batched)] {
         let me = Caller { client, ..ME };
         v.attach_client(client, Some(view.protector()), mode);
-        let f = v.handle(
-            &Request::Open {
-                path: format!("f{client}").as_bytes(),
-                flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::CREATE,
-                mode: 0o644,
-                hint: None,
-            },
-            me,
-        );
+        let f = open_for_write(&mut v, me, &format!("f{client}"));
         assert_eq!(f.errno, 0);
         let g = v.handle(&Request::Grant { pages: 4 }, me);
         assert_eq!(g.errno, 0);
-        assert_eq!(&page_perms(at(g.inode))[..2], "rw");
-        let mut extents = kucofs_common::proto::Extents::new();
-        extents.push(g.inode, 1);
-        let commit = Request::Commit {
-            ino: f.ino,
-            first: 0,
-            size: 1,
-            extents,
-        };
-        assert_eq!(v.handle(&commit, me).errno, 0);
+        assert_eq!(perms(&view, g.inode), "rw");
+        assert_eq!(v.handle(&commit(f.ino, 0, 1, g.inode, 1), me).errno, 0);
         match mode {
-            Protection::Strict => assert_eq!(&page_perms(at(g.inode))[..2], "r-"),
+            Protection::Strict => assert_eq!(perms(&view, g.inode), "r-"),
             _ => {
-                assert_eq!(&page_perms(at(g.inode))[..2], "rw");
+                assert_eq!(perms(&view, g.inode), "rw");
                 std::thread::sleep(BATCH_TIME + std::time::Duration::from_millis(2));
                 v.expire_protection();
-                assert_eq!(&page_perms(at(g.inode))[..2], "r-");
+                assert_eq!(perms(&view, g.inode), "r-");
             }
         }
         // The rest of the pool stays writable.
-        assert_eq!(&page_perms(at(g.inode + 1))[..2], "rw");
+        assert_eq!(perms(&view, g.inode + 1), "rw");
     }
     v.close().unwrap();
 }
@@ -314,12 +306,8 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
 #[test]
 fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
     use kucofs_common::pm::{Protection, BATCH_PAGES, BATCH_TIME};
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
-    let mut v = Volume::open(&path).unwrap();
+    let (_dir, _, mut v) = volume();
     let view = v.image().region().view().unwrap();
-    let at = |page: u64| view.address() + (page * 4096) as usize;
     v.attach_client(0, Some(view.protector()), Protection::Batched);
     let f = open_for_write(&mut v, ME, "f");
     assert_eq!(f.errno, 0);
@@ -333,41 +321,37 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
     assert_eq!(g.value, BATCH_PAGES + 1);
     // Commits of up to 256 pages each: few enough to fit inside the
     // batch's time bound even in a debug build.
-    let commit = |v: &mut Volume, first: u64, n: u64| {
-        let mut extents = kucofs_common::proto::Extents::new();
-        extents.push(g.inode + first, n as u32);
-        let r = v.handle(
-            &Request::Commit {
-                ino: f.ino,
-                first,
-                size: (first + n - 1) * 4096 + 1,
-                extents,
-            },
-            ME,
+    let commit_run = |v: &mut Volume, first: u64, n: u64| {
+        let c = commit(
+            f.ino,
+            first,
+            (first + n - 1) * 4096 + 1,
+            g.inode + first,
+            n as u32,
         );
-        assert_eq!(r.errno, 0);
+        assert_eq!(v.handle(&c, ME).errno, 0);
     };
     let started = std::time::Instant::now();
     let mut first = 0;
     while first < BATCH_PAGES - 1 {
         let n = (BATCH_PAGES - 1 - first).min(256);
-        commit(&mut v, first, n);
+        commit_run(&mut v, first, n);
         first += n;
     }
     let fast = started.elapsed() < BATCH_TIME;
     if fast {
         // One page short of a batch, and inside its time bound.
-        assert_eq!(&page_perms(at(g.inode))[..2], "rw");
+        assert_eq!(perms(&view, g.inode), "rw");
     }
-    commit(&mut v, BATCH_PAGES - 1, 1);
+    commit_run(&mut v, BATCH_PAGES - 1, 1);
     if !fast || started.elapsed() >= BATCH_TIME {
         println!("note: the commits outlasted the batch's time bound, which may have flushed it");
     }
     for i in [0, BATCH_PAGES - 1] {
-        assert_eq!(&page_perms(at(g.inode + i))[..2], "r-", "page {i}");
+        assert_eq!(perms(&view, g.inode + i), "r-", "page {i}");
     }
     // The pool's last page was not committed: still writable.
-    assert_eq!(&page_perms(at(g.inode + BATCH_PAGES))[..2], "rw");
+    assert_eq!(perms(&view, g.inode + BATCH_PAGES), "rw");
     v.close().unwrap();
 }
 
@@ -378,41 +362,25 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
 #[test]
 fn replaced_pages_stay_writable_for_their_client_only() {
     use kucofs_common::pm::{Protection, BATCH_TIME};
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
-    let mut v = Volume::open(&path).unwrap();
+    let (_dir, _, mut v) = volume();
     let view = v.image().region().view().unwrap();
     let other_view = v.image().region().view().unwrap();
-    let at = |page: u64| view.address() + (page * 4096) as usize;
-    let other_at = |page: u64| other_view.address() + (page * 4096) as usize;
     let other = Caller { client: 1, ..ME };
     v.attach_client(0, Some(view.protector()), Protection::Batched);
     v.attach_client(1, Some(other_view.protector()), Protection::Off);
     let f = open_for_write(&mut v, ME, "f");
     let g = v.handle(&Request::Grant { pages: 64 }, ME);
     assert_eq!(g.errno, 0);
-    let commit = |v: &mut Volume, page: u64| {
-        let mut extents = kucofs_common::proto::Extents::new();
-        extents.push(page, 1);
-        let r = v.handle(
-            &Request::Commit {
-                ino: f.ino,
-                first: 0,
-                size: 1,
-                extents,
-            },
-            ME,
-        );
-        assert_eq!(r.errno, 0);
+    let commit_page = |v: &mut Volume, page: u64| {
+        assert_eq!(v.handle(&commit(f.ino, 0, 1, page, 1), ME).errno, 0);
     };
     // File page 0 lives in g.inode, then in g.inode + 1.
-    commit(&mut v, g.inode);
-    commit(&mut v, g.inode + 1);
+    commit_page(&mut v, g.inode);
+    commit_page(&mut v, g.inode + 1);
     std::thread::sleep(BATCH_TIME + std::time::Duration::from_millis(2));
     v.expire_protection();
-    assert_eq!(&page_perms(at(g.inode + 1))[..2], "r-", "in the file");
-    assert_eq!(&page_perms(at(g.inode))[..2], "rw", "replaced");
+    assert_eq!(perms(&view, g.inode + 1), "r-", "in the file");
+    assert_eq!(perms(&view, g.inode), "rw", "replaced");
     // Once free, the replaced page is the lowest free page; another client
     // (under `off`, which takes the lowest) gets it, and the first client's
     // view no longer may write it.
@@ -420,29 +388,14 @@ fn replaced_pages_stay_writable_for_their_client_only() {
     let o = v.handle(&Request::Grant { pages: 1 }, other);
     assert_eq!(o.errno, 0);
     assert_eq!(o.inode, g.inode);
-    assert_eq!(&page_perms(at(g.inode))[..2], "r-");
-    assert_eq!(&page_perms(other_at(g.inode))[..2], "rw");
+    assert_eq!(perms(&view, g.inode), "r-");
+    assert_eq!(perms(&other_view, g.inode), "rw");
     v.close().unwrap();
-}
-
-fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Reply {
-    v.handle(
-        &Request::Open {
-            path: path.as_bytes(),
-            flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::CREATE,
-            mode: 0o644,
-            hint: None,
-        },
-        who,
-    )
 }
 
 #[test]
 fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed_right() {
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
-    let mut v = Volume::open(&path).unwrap();
+    let (_dir, _, mut v) = volume();
     let other = Caller { client: 1, ..ME };
     v.attach_client(0, None, Default::default());
     v.attach_client(1, None, Default::default());
@@ -458,21 +411,11 @@ fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed
 
 #[test]
 fn a_commit_of_pages_past_the_size_it_names_is_refused() {
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
-    let mut v = Volume::open(&path).unwrap();
+    let (_dir, path, mut v) = volume();
     v.attach_client(0, None, Default::default());
     let f = open_for_write(&mut v, ME, "f");
     let g = v.handle(&Request::Grant { pages: 1 }, ME);
-    let mut extents = kucofs_common::proto::Extents::new();
-    extents.push(g.inode, 1);
-    let commit = |first, size| Request::Commit {
-        ino: f.ino,
-        first,
-        size,
-        extents,
-    };
+    let commit = |first, size| commit(f.ino, first, size, g.inode, 1);
     // Page 100 starts at byte 409,600: a size of 1 does not reach it.
     assert_eq!(v.handle(&commit(100, 1), ME).errno, libc::EINVAL);
     assert_eq!(v.handle(&commit(100, 100 * 4096), ME).errno, libc::EINVAL);
@@ -483,22 +426,11 @@ fn a_commit_of_pages_past_the_size_it_names_is_refused() {
 
 #[test]
 fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
-    let mut v = Volume::open(&path).unwrap();
+    let (_dir, path, mut v) = volume();
     v.attach_client(0, None, Default::default());
     let f = open_for_write(&mut v, ME, "f");
     let g = v.handle(&Request::Grant { pages: 2 }, ME);
-    let mut extents = kucofs_common::proto::Extents::new();
-    extents.push(g.inode, 2);
-    let commit = Request::Commit {
-        ino: f.ino,
-        first: 0,
-        size: 8192,
-        extents,
-    };
-    assert_eq!(v.handle(&commit, ME).errno, 0);
+    assert_eq!(v.handle(&commit(f.ino, 0, 8192, g.inode, 2), ME).errno, 0);
     let unlink = Request::Unlink {
         path: b"f",
         rmdir: false,
