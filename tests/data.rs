@@ -94,13 +94,19 @@ fn truncating_open_and_a_concurrent_write_are_ordered() {
         fs.write("f", vec![b'A'; 8192]).unwrap();
         let w = OpenOptions::new().write(true).open(&fs, "f").unwrap();
         let stop = std::sync::atomic::AtomicBool::new(false);
+        let writing = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     w.write_at(b"X", 100).unwrap();
+                    writing.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             });
             let _stop = support::SetOnDrop(&stop);
+            // Truncate while the writer is under way, not before it starts.
+            while !writing.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
             drop(File::create(&fs, "f").unwrap());
         });
         let got = fs.read("f").unwrap();

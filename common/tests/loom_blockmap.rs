@@ -119,10 +119,6 @@ const RUNS_ONLY: Rule = Rule {
     runs: true,
     recheck: false,
 };
-const NEITHER: Rule = Rule {
-    runs: false,
-    recheck: false,
-};
 
 /// How the writer picks a commit's version.
 #[derive(Debug, Clone, Copy)]
@@ -355,12 +351,6 @@ fn run_check_alone_keeps_one_commit_whole() {
 #[should_panic(expected = "torn read")]
 fn model_catches_reader_without_recheck() {
     model(TWO_COMMITS, RUNS_ONLY, KFS);
-}
-
-#[test]
-#[should_panic(expected = "torn read")]
-fn model_catches_reader_without_either_check() {
-    model(ONE_COMMIT, NEITHER, KFS);
 }
 
 #[test]
