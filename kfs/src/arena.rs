@@ -18,7 +18,8 @@ const GROW_STEP: u64 = 64 << 20;
 /// Pages are allocated this far ahead of the allocation pointer, in one
 /// call, rather than one fault at a time.
 const POPULATE_STEP: u64 = 4 << 20;
-/// Fresh index space that is made to exist before a change is logged: more
+/// Fresh index space that is made to exist before a change that allocates
+/// is logged: more
 /// than any one change allocates (the most is a directory's table doubling
 /// to its largest size, with a sentinel for every old bucket; see
 /// `worst_change` in the tests). Growing the shared memory only sets its
@@ -219,8 +220,10 @@ impl Arena {
     }
 
     /// Makes sure the next [`ROOM`] bytes of fresh space exist, so that
-    /// the change about to be logged cannot run out of index memory half
-    /// applied: Kfs calls this before it makes a change durable, and
+    /// the change about to be logged cannot run out of index space half
+    /// applied (the allocator's `ENOMEM`; growing the shared memory only
+    /// sets its length, and the pages come from the kernel when touched):
+    /// Kfs calls this before it makes a change that allocates durable, and
     /// refuses the change with `ENOMEM` if the room is not there.
     pub fn make_room(&mut self) -> Result<(), Errno> {
         let end = self.used + ROOM;
@@ -355,8 +358,9 @@ mod tests {
     /// The most fresh space one change can allocate: a directory's table
     /// doubling to its largest size with a sentinel in every old bucket,
     /// plus a new inode, entry, inode-table chunk and symlink target, plus
-    /// a largest commit's map nodes (its leaves, and a new root for every
-    /// level of a tree grown from nothing).
+    /// a largest commit's map nodes: its leaves, two new interior nodes on
+    /// every level (its pages may straddle two), and a new root for every
+    /// level of a tree grown from nothing.
     fn worst_change() -> u64 {
         let item = |size| class_size(class_for(size).unwrap());
         let table = item(B_SLOTS + (8 << BUCKET_BITS_MAX));
@@ -368,6 +372,7 @@ mod tests {
         use kucofs_common::index::blockmap::{FANOUT, MAX_HEIGHT, NODE_SIZE};
         let commit = (kucofs_common::proto::COMMIT_PAGES_MAX.div_ceil(FANOUT)
             + 1
+            + 2 * u64::from(MAX_HEIGHT)
             + u64::from(MAX_HEIGHT)
             + 1)
             * item(NODE_SIZE);

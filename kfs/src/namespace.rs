@@ -718,7 +718,7 @@ impl Namespace {
 
     // ---- applying changes ----------------------------------------------------------
 
-    /// Makes sure applying any one change cannot run out of index memory
+    /// Makes sure applying any one change cannot run out of index space
     /// ([`Arena::make_room`]); `ENOMEM` if the index is that full.
     pub fn make_room(&mut self) -> Result<(), Errno> {
         self.arena.make_room()

@@ -163,6 +163,16 @@ impl<'a> Record<'a> {
         }
     }
 
+    /// True if applying the record may allocate index items (entries,
+    /// inodes, a directory's table, block-map nodes); removals, attribute
+    /// changes and truncation only unlink and retire.
+    pub fn allocates(&self) -> bool {
+        !matches!(
+            self,
+            Record::Unlink { .. } | Record::SetAttr { .. } | Record::Truncate { .. }
+        )
+    }
+
     /// The record's operation code.
     pub fn op(&self) -> u16 {
         match self {

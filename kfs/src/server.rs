@@ -88,7 +88,7 @@ impl Stats {
         let n = self.count[i].fetch_add(1, Ordering::Relaxed);
         // Pseudo-random, not periodic: costly requests that recur with a
         // period (a table doubling every 2^k entries) must be sampled too.
-        if n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 61 != 0 {
+        if n.wrapping_mul(crate::intmap::PHI) >> 61 != 0 {
             return f();
         }
         let t0 = Instant::now();
@@ -172,7 +172,7 @@ impl fmt::Display for StatsSnapshot {
         let pct = self.busy.as_secs_f64() * 100.0 / self.uptime.as_secs_f64().max(1e-9);
         writeln!(
             f,
-            "kfs: {} requests ({} applied directly by client threads) in {:.1?} ({pct:.1}% busy), {} checkpoints, {} items reclaimed",
+            "kfs: {} requests ({} applied directly by client threads) in {:.1?} ({pct:.1}% busy), {} checkpoints, {} index items and data pages reclaimed",
             self.served(),
             self.direct,
             self.uptime,

@@ -217,11 +217,6 @@ impl Volume {
         &self.ns
     }
 
-    /// The namespace, for reclamation.
-    pub fn namespace_mut(&mut self) -> &mut Namespace {
-        &mut self.ns
-    }
-
     /// The image.
     pub fn image(&self) -> &Image {
         &self.image
@@ -265,10 +260,14 @@ impl Volume {
     }
 
     /// Makes `rec` durable in the log, checkpointing first if it does not
-    /// fit. Index memory for applying it is made to exist first: once a
-    /// change is logged, applying it cannot run out of memory half-way.
+    /// fit. Index space for applying it is made to exist first: once a
+    /// change that allocates is logged, applying it cannot run out of
+    /// index space half-way. Changes that allocate nothing (removals above
+    /// all) need no room, so a full index can still be emptied.
     fn log_record(&mut self, rec: &Record<'_>) -> std::result::Result<(), Errno> {
-        self.ns.make_room()?;
+        if rec.allocates() {
+            self.ns.make_room()?;
+        }
         if !self.log.prepare(rec)? {
             self.checkpoint()?;
             if !self.log.prepare(rec)? {

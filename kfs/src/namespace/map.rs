@@ -221,8 +221,11 @@ impl Namespace {
         let old_word = w.word;
         if n > 0 {
             w.grow(first + n)?;
-            for p in first..first + n {
+            // Once per leaf: pages `k * FANOUT..(k + 1) * FANOUT` share one.
+            let mut p = first;
+            while p < first + n {
                 w.ensure(p)?;
+                p = (p / FANOUT + 1) * FANOUT;
             }
         }
         let word = w.word;
@@ -259,24 +262,25 @@ impl Namespace {
     }
 
     /// Gives page `page`'s entry a new version, its data page unchanged,
-    /// after Kfs changed that page in place: a reader that loaded the
-    /// entry before sees it change when it checks again, and reads again
-    /// instead of keeping a half-changed copy. Nothing is replaced.
-    pub fn reversion_page(&mut self, inode: u64, page: u64) -> Result<(), Errno> {
+    /// before Kfs changes that page in place: a reader that loaded the
+    /// entry earlier sees it change when it checks again, and reads again
+    /// instead of keeping a half-changed copy. Nothing is replaced. Returns
+    /// the data page, or `None` for a hole (left as it is).
+    pub fn reversion_page(&mut self, inode: u64, page: u64) -> Result<Option<u64>, Errno> {
         let last_version = self.arena.get(inode + I_VERSION);
         let mut old = std::mem::take(&mut self.scratch);
         old.clear();
         let mut w = self.map_writer(inode);
         let e = w.entry(page);
-        let version = blockmap::next_version(&w, last_version, page, 1);
-        if e != 0 {
-            blockmap::publish(&mut w, page, &[entry_page(e)], version, &mut old);
-        }
-        self.scratch = old;
         if e == 0 {
-            return Ok(());
+            self.scratch = old;
+            return Ok(None);
         }
-        self.update(inode, |a| a.put(inode + I_VERSION, version))
+        let version = blockmap::next_version(&w, last_version, page, 1);
+        blockmap::publish(&mut w, page, &[entry_page(e)], version, &mut old);
+        self.scratch = old;
+        self.update(inode, |a| a.put(inode + I_VERSION, version))?;
+        Ok(Some(entry_page(e)))
     }
 
     /// Sets a file's size; pages wholly past the new end are dropped (to

@@ -8,9 +8,7 @@
 //! pool, logs the commit durably, publishes the new block-map entries, and
 //! puts the replaced pages to wait for their grace period.
 
-use kucofs_common::index::blockmap::{
-    entry_page, EntrySource, MapReader, MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE,
-};
+use kucofs_common::index::blockmap::{MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
 use kucofs_common::index::layout::I_SIZE;
 use kucofs_common::index::Kind;
 use kucofs_common::pm::{Protection, Protector, BATCH_PAGES, BATCH_TIME};
@@ -434,12 +432,10 @@ impl Volume {
         if at == 0 || unless.contains(&page) {
             return Ok(());
         }
-        let e = MapReader::of_inode(self.ns.shm(), inode).entry(page);
-        if e == 0 {
+        let Some(data_page) = self.ns.reversion_page(inode, page)? else {
             return Ok(());
-        }
-        self.ns.reversion_page(inode, page)?;
-        let off = entry_page(e) * PAGE + at;
+        };
+        let off = data_page * PAGE + at;
         let region = self.image.region();
         region
             .fill(off, PAGE - at, 0)
