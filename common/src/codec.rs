@@ -115,22 +115,20 @@ impl<'a> Reader<'a> {
     /// A length-prefixed byte string of at most `max` bytes.
     pub fn bytes(&mut self, max: usize) -> Result<&'a [u8], Errno> {
         let n = self.u32()? as usize;
-        if n > max {
-            return Err(Errno::EPROTO);
-        }
-        self.take(n)
+        self.sized(n, max)
     }
     /// A byte string with a `u8` length, of at most `max` bytes.
     pub fn bytes8(&mut self, max: usize) -> Result<&'a [u8], Errno> {
         let n = usize::from(self.u8()?);
-        if n > max {
-            return Err(Errno::EPROTO);
-        }
-        self.take(n)
+        self.sized(n, max)
     }
     /// A byte string with a `u16` length, of at most `max` bytes.
     pub fn bytes16(&mut self, max: usize) -> Result<&'a [u8], Errno> {
         let n = usize::from(self.u16()?);
+        self.sized(n, max)
+    }
+    /// The `n` bytes a length just read announced, if `n <= max`.
+    fn sized(&mut self, n: usize, max: usize) -> Result<&'a [u8], Errno> {
         if n > max {
             return Err(Errno::EPROTO);
         }

@@ -181,6 +181,8 @@ pub struct Extent {
 pub const EXTENTS_MAX: usize = 8;
 /// Most pages in one commit (1 MiB).
 pub const COMMIT_PAGES_MAX: u64 = 256;
+/// Pages a client thread asks Kfs for at a time: one pool (4 MiB).
+pub const POOL_PAGES: u32 = 1024;
 
 /// The pages of a commit: up to [`EXTENTS_MAX`] extents.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -199,8 +201,12 @@ impl Extents {
     }
 
     /// Appends `len` pages from `start`, merging with the last run when
-    /// they continue it; `false` if the list is full.
+    /// they continue it; `false` if the list is full or the run would end
+    /// past the largest page number.
     pub fn push(&mut self, start: u64, len: u32) -> bool {
+        if start.checked_add(u64::from(len)).is_none() {
+            return false;
+        }
         if len == 0 {
             return true;
         }
@@ -241,10 +247,7 @@ impl Extents {
         let mut extents = Extents::new();
         for _ in 0..n {
             let (start, len) = (r.u64()?, r.u32()?);
-            // A run must end inside the page numbers (iterating its pages
-            // adds its length to its start).
-            if len == 0 || start.checked_add(u64::from(len)).is_none() || !extents.push(start, len)
-            {
+            if len == 0 || !extents.push(start, len) {
                 return Err(Errno::EPROTO);
             }
         }

@@ -68,8 +68,13 @@ fn cpu_count(cpuinfo: &str) -> usize {
 
 /// `MemTotal` from `/proc/meminfo`, in bytes.
 fn mem_total(meminfo: &str) -> Option<u64> {
-    let kib = field(meminfo, "MemTotal")?.strip_suffix("kB")?.trim();
-    kib.parse::<u64>().ok()?.checked_mul(1024)
+    kib_field(meminfo, "MemTotal")?.checked_mul(1024)
+}
+
+/// The value of a `key: N kB` line (as in `/proc/meminfo` and
+/// `/proc/*/smaps_rollup`), in KiB.
+pub(crate) fn kib_field(text: &str, key: &str) -> Option<u64> {
+    field(text, key)?.strip_suffix("kB")?.trim().parse().ok()
 }
 
 /// The value of the first `key: value` line whose key is `key`.

@@ -228,7 +228,12 @@ impl Inner {
         let mut out = Extents::new();
         while out.pages() < n {
             let Some(&(start, end)) = pool.last() else {
-                match self.call_as(slot, &Request::Grant { pages: POOL_PAGES }) {
+                match self.call_as(
+                    slot,
+                    &Request::Grant {
+                        pages: kucofs_common::proto::POOL_PAGES,
+                    },
+                ) {
                     Ok(r) if r.value > 0 => pool.push((r.inode, r.inode + r.value)),
                     Ok(_) => return Err(err(Errno::EPROTO)),
                     Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && out.pages() > 0 => break,
@@ -272,9 +277,6 @@ impl Inner {
         l
     }
 }
-
-/// Pages a slot asks Kfs for at a time (4 MiB).
-const POOL_PAGES: u32 = 1024;
 
 pub(crate) fn bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()

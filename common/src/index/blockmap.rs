@@ -109,8 +109,8 @@ pub const fn capacity(height: u32) -> u64 {
 
 /// The slot that page `page` takes in a node `level` levels above the
 /// leaves (0 for a leaf). Each arm divides by a constant, which compiles
-/// to multiplications: a division by a computed power of [`FANOUT`] on
-/// every level of every walk would cost more than the walk's loads.
+/// to multiplications, where a computed power of [`FANOUT`] would cost a
+/// hardware divide on every level of every walk.
 pub const fn digit(page: u64, level: u32) -> u64 {
     const C0: u64 = capacity(0);
     const C1: u64 = capacity(1);

@@ -315,7 +315,7 @@ pub enum Protection {
 /// Most committed pages a client's thread may leave writable under
 /// [`Protection::Batched`]: a pool's worth (4 MiB), so that a thread
 /// writing through its pool pays about one protection change per pool.
-pub const BATCH_PAGES: u64 = 1024;
+pub const BATCH_PAGES: u64 = crate::proto::POOL_PAGES as u64;
 /// Longest a committed page stays writable under [`Protection::Batched`].
 pub const BATCH_TIME: std::time::Duration = std::time::Duration::from_millis(10);
 
@@ -340,7 +340,10 @@ impl std::str::FromStr for Protection {
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| {
-                format!("unknown protection mode {s:?}: expected strict, batched or off")
+                format!(
+                    "unknown protection mode {s:?}: expected {}",
+                    Protection::ALL.map(Protection::name).join(", ")
+                )
             })
     }
 }
@@ -455,10 +458,11 @@ fn lock(file: &File, path: &Path, op: FlockOperation) -> Result<()> {
     for attempt in 0..LOCK_TRIES {
         match flock(file, op) {
             Ok(()) => return Ok(()),
-            Err(Errno::WOULDBLOCK) if attempt + 1 < LOCK_TRIES => {
-                std::thread::sleep(std::time::Duration::from_millis(2));
+            Err(Errno::WOULDBLOCK) => {
+                if attempt + 1 < LOCK_TRIES {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
             }
-            Err(Errno::WOULDBLOCK) => return Err(Error::Locked { path: path.into() }),
             Err(e) => return Err(Error::io("lock image", path, e.into())),
         }
     }

@@ -64,7 +64,8 @@ impl Options {
                 _ => {
                     return Err(format!(
                         "unknown option `{opt}` (expected queued, nohints, \
-                         protect=strict|batched|off, size=SIZE or image=PATH)"
+                         protect={}, size=SIZE or image=PATH)",
+                        Protection::ALL.map(Protection::name).join("|")
                     ))
                 }
             }
@@ -247,7 +248,7 @@ mod tests {
     #[test]
     fn bad_options_are_refused_naming_what_is_accepted() {
         let msg = Options::parse("protect=maybe").unwrap_err();
-        assert!(msg.contains("strict, batched or off"), "{msg}");
+        assert!(msg.contains("strict, batched, off"), "{msg}");
         let msg = Options::parse("fast").unwrap_err();
         assert!(msg.contains("unknown option `fast`"), "{msg}");
         assert!(msg.contains("protect=strict|batched|off"), "{msg}");
