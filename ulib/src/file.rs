@@ -402,7 +402,6 @@ impl File {
     fn fill_pages(&self, extents: &Extents, first: u64, at: u64, data: &[u8]) -> io::Result<()> {
         let region = &self.fs.region;
         let end = at + data.len() as u64;
-        let mut page = [0u8; PAGE as usize];
         for (i, dst) in extents.iter_pages().enumerate() {
             let fp = first + i as u64;
             let (ps, pe) = (fp * PAGE, fp * PAGE + PAGE);
@@ -410,14 +409,24 @@ impl File {
             let src = &data[(ds - at) as usize..(de - at) as usize];
             if ds == ps && de == pe {
                 region.write_pool(dst * PAGE, src).map_err(common_err)?;
-                continue;
+            } else {
+                self.fill_partial(dst, fp, (ds - ps) as usize, src)?;
             }
-            self.fs
-                .with_index(|r| self.old_page(r.mem(), fp, &mut page))??;
-            page[(ds - ps) as usize..(de - ps) as usize].copy_from_slice(src);
-            region.write_pool(dst * PAGE, &page).map_err(common_err)?;
         }
         Ok(())
+    }
+
+    /// Fills pool page `dst` with file page `fp`: `src` at byte `at` of
+    /// it, the old bytes around.
+    fn fill_partial(&self, dst: u64, fp: u64, at: usize, src: &[u8]) -> io::Result<()> {
+        let mut page = [0u8; PAGE as usize];
+        self.fs
+            .with_index(|r| self.old_page(r.mem(), fp, &mut page))??;
+        page[at..at + src.len()].copy_from_slice(src);
+        self.fs
+            .region
+            .write_pool(dst * PAGE, &page)
+            .map_err(common_err)
     }
 
     /// Copies file page `fp` into `page`: its bytes inside the file (past
