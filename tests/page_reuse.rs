@@ -108,7 +108,9 @@ fn overwrites_reuse_pages_under_every_protection_mode() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
-/// Sets the flag when dropped, even by a panic.
+/// Overwrites of one record while another thread keeps reading it: each
+/// write replaces pages a reader may hold, so they wait for its epoch, and
+/// the writes must still find free pages in a small image.
 #[test]
 fn overwrites_beside_a_busy_reader_do_not_run_out_of_space() {
     let Some(dir) = support::shm_dir("kucofs-reuse-") else {
