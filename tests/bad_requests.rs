@@ -9,7 +9,8 @@
 mod support;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use kucofs_common::channel::{Doorbell, Segment};
 use kucofs_common::index::layout::header_gen;
@@ -94,14 +95,27 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
     .unwrap();
 
     let stop = AtomicBool::new(false);
+    // Rounds (create and unlink) the other client has completed.
+    let rounds = AtomicU64::new(0);
+    // Waits until the other client completes a round after `seen` rounds,
+    // so the test does not depend on how the scheduler ran it.
+    let served_after = |seen: u64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while rounds.load(Ordering::Relaxed) <= seen {
+            assert!(
+                Instant::now() < deadline,
+                "the other client was not served for 30 s"
+            );
+            std::thread::yield_now();
+        }
+    };
     // Stops the other client even if a check below fails, so the failure
     // is reported instead of the scope waiting forever.
     std::thread::scope(|s| {
         // Another client thread, served throughout.
         let other = s.spawn(|| {
-            let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
-                let p = format!("other-{n}");
+                let p = format!("other-{}", rounds.load(Ordering::Relaxed));
                 call(1, &create(p.as_bytes(), None)).unwrap();
                 call(
                     1,
@@ -112,12 +126,12 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
                     },
                 )
                 .unwrap();
-                n += 1;
+                rounds.fetch_add(1, Ordering::Relaxed);
             }
-            n
         });
 
         let _stop = support::SetOnDrop(&stop);
+        served_after(0);
         // Forgeries of a create's address: each is refused (counted stale)
         // and the create happens where the path says. An honest address is
         // used, which shows the count can tell the two apart.
@@ -265,8 +279,10 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
             .map(drop),
             Err(Errno::ENOENT)
         );
+        // Still served after every hostile request above.
+        served_after(rounds.load(Ordering::Relaxed));
         stop.store(true, Ordering::Relaxed);
-        assert!(other.join().unwrap() > 0);
+        other.join().unwrap();
     });
     // Every forged address, the creates' and the unlinks', and only those.
     let stats = kfs.stats();

@@ -42,7 +42,8 @@ enum Handles {
     Own,
 }
 
-/// Counts a writer as stopped when it is dropped, even by a panic.
+/// Counts a thread when it is dropped, even by a panic: a writer as stopped,
+/// a reader as having read.
 struct Stopped<'a>(&'a AtomicU64);
 
 impl Drop for Stopped<'_> {
@@ -87,15 +88,21 @@ fn run(protection: Protection, handles: Handles) {
     // run until all have.
     let stopped = AtomicU64::new(0);
     let start = Barrier::new(WRITERS as usize + READERS);
+    // Readers that have completed a read: the writers wait for all, so every
+    // reader overlaps the writes whatever the scheduler does.
+    let reading = AtomicU64::new(0);
     let t0 = Instant::now();
     let reads = std::thread::scope(|s| {
         let writers: Vec<_> = (0..WRITERS)
             .map(|w| {
                 let f = open();
-                let (start, stopped) = (&start, &stopped);
+                let (start, stopped, reading) = (&start, &stopped, &reading);
                 s.spawn(move || {
                     let _stop = Stopped(stopped);
                     start.wait();
+                    while reading.load(Ordering::Relaxed) < READERS as u64 {
+                        std::thread::yield_now();
+                    }
                     for i in 0..WRITES {
                         // Both writers sweep all records, in opposite orders.
                         let r = if w == 0 {
@@ -120,8 +127,10 @@ fn run(protection: Protection, handles: Handles) {
         let readers: Vec<_> = (0..READERS)
             .map(|k| {
                 let f = open();
-                let (start, stopped) = (&start, &stopped);
+                let (start, stopped, reading) = (&start, &stopped, &reading);
                 s.spawn(move || {
+                    // Dropped after the first read (or by a panic).
+                    let mut first_read = Some(Stopped(reading));
                     start.wait();
                     let mut buf = vec![0u8; RECORD];
                     let mut reads = 0u64;
@@ -146,6 +155,7 @@ fn run(protection: Protection, handles: Handles) {
                             );
                         }
                         reads += 1;
+                        drop(first_read.take());
                     }
                     reads
                 })
@@ -166,7 +176,6 @@ fn run(protection: Protection, handles: Handles) {
         WRITERS * WRITES,
         t0.elapsed()
     );
-    assert!(reads > 0, "the readers never ran");
     // Each record ends with one of the stamps written to it last: writer
     // 0's last write of it, or writer 1's (whichever committed later).
     let last = |w: u64, r: u64| {
@@ -246,6 +255,7 @@ fn a_read_never_sees_a_tail_half_zeroed() {
         .expect("create");
     f.write_at(&[b'A'; FULL], 0).expect("first write");
     let done = AtomicU64::new(0);
+    let reading = AtomicU64::new(0);
     let cycles = if cfg!(debug_assertions) {
         20_000
     } else {
@@ -253,6 +263,8 @@ fn a_read_never_sees_a_tail_half_zeroed() {
     };
     let (reads, torn) = std::thread::scope(|s| {
         let reader = s.spawn(|| {
+            // Dropped after the first read (or by a panic).
+            let mut first_read = Some(Stopped(&reading));
             let mut buf = vec![0u8; FULL];
             let (mut reads, mut torn) = (0u64, 0u64);
             while done.load(Ordering::Relaxed) == 0 {
@@ -264,10 +276,15 @@ fn a_read_never_sees_a_tail_half_zeroed() {
                     torn += 1;
                 }
                 reads += 1;
+                drop(first_read.take());
             }
             (reads, torn)
         });
         let _stop = Stopped(&done);
+        // The changes start once the reader is reading.
+        while reading.load(Ordering::Relaxed) == 0 {
+            std::thread::yield_now();
+        }
         for _ in 0..cycles {
             f.set_len(CUT).expect("shrink");
             f.set_len(FULL as u64).expect("grow");
@@ -276,7 +293,6 @@ fn a_read_never_sees_a_tail_half_zeroed() {
         drop(_stop);
         reader.join().expect("reader")
     });
-    assert!(reads > 0, "the reader never ran");
     assert_eq!(
         torn, 0,
         "{torn} of {reads} reads returned a half-zeroed tail"
