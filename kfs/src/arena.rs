@@ -13,6 +13,8 @@ use kucofs_common::Errno;
 
 /// Virtual range reserved for an index (the memfd grows inside it).
 pub const INDEX_RESERVE: u64 = 64 << 30;
+// Every offset in the index fits a directory link's offset bits.
+const _: () = assert!(INDEX_RESERVE <= 1 << kucofs_common::index::layout::LINK_NODE_BITS);
 /// Step by which the memfd grows.
 const GROW_STEP: u64 = 64 << 20;
 /// Pages are allocated this far ahead of the allocation pointer, in one

@@ -252,7 +252,8 @@ fn check_list(
     p: &mut Vec<String>,
 ) -> bool {
     let mut seen = std::collections::HashSet::new();
-    let mut x = r.next(head);
+    let mut l = r.link(head);
+    let mut x = l & LINK_NODE_MASK;
     let mut prev: Option<(u64, Vec<u8>)> = None;
     let mut sentinels = 0u64;
     while x != 0 {
@@ -269,13 +270,19 @@ fn check_list(
         }
         sentinels += u64::from(marker);
         let e = r.dirent(x);
+        if l >> LINK_NODE_BITS != link_tag(e.hash) {
+            p.push(format!(
+                "directory {dir_ino}: a link's tag does not match the node it leads to"
+            ));
+        }
         if let Some((h, n)) = &prev {
             if (*h, n.as_slice()) >= (e.hash, e.name.as_slice()) {
                 p.push(format!("directory {dir_ino}: its list is out of key order"));
             }
         }
         prev = Some((e.hash, e.name));
-        x = r.next(x);
+        l = r.link(x);
+        x = l & LINK_NODE_MASK;
     }
     let table = ns.arena().get(dir + I_BUCKETS);
     let bits = ns.arena().get(table + B_BITS) as u32;
@@ -410,8 +417,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_looping_directory_list_is_reported_once_and_fsck_ends() {
+    /// A namespace with three files in its root.
+    fn three_files() -> Namespace {
         let mut ns = Namespace::new(Creds::default(), 1).unwrap();
         for name in ["a", "b", "c"] {
             let create = Request::Create {
@@ -422,6 +429,26 @@ mod tests {
             };
             ns.execute(&create, Creds::default()).unwrap();
         }
+        ns
+    }
+
+    /// The problems `check_tree` finds.
+    fn problems(ns: &Namespace) -> Vec<String> {
+        let mut report = FsckReport {
+            superblock: superblock(),
+            problems: Vec::new(),
+            inodes: 0,
+            entries: 0,
+            replayed: Replayed::default(),
+        };
+        check_tree(ns, &mut report);
+        report.problems
+    }
+
+    #[test]
+    fn a_looping_directory_list_is_reported_once_and_fsck_ends() {
+        let ns = three_files();
+        assert_eq!(problems(&ns), Vec::<String>::new());
         let r = ns.reader();
         let root = r.root();
         // The list's last node links back to its first.
@@ -430,21 +457,24 @@ mod tests {
             x = r.next(x);
         }
         ns.arena()
-            .put(x + D_NEXT, r.next(r.dir_head(root)))
+            .put(x + D_NEXT, r.link(r.dir_head(root)))
             .unwrap();
-        let mut report = FsckReport {
-            superblock: superblock(),
-            problems: Vec::new(),
-            inodes: 0,
-            entries: 0,
-            replayed: Replayed::default(),
-        };
-        check_tree(&ns, &mut report);
-        let loops = report
-            .problems
-            .iter()
-            .filter(|p| p.contains("loops"))
-            .count();
-        assert_eq!(loops, 1, "{:?}", report.problems);
+        let problems = problems(&ns);
+        let loops = problems.iter().filter(|p| p.contains("loops")).count();
+        assert_eq!(loops, 1, "{problems:?}");
+    }
+
+    #[test]
+    fn a_link_whose_tag_is_not_its_nodes_is_reported() {
+        let ns = three_files();
+        let r = ns.reader();
+        let head = r.dir_head(r.root());
+        ns.arena()
+            .put(head + D_NEXT, r.link(head) ^ 1 << LINK_NODE_BITS)
+            .unwrap();
+        assert_eq!(
+            problems(&ns),
+            ["directory 1: a link's tag does not match the node it leads to"]
+        );
     }
 }

@@ -151,10 +151,32 @@ pub const D_INO: u64 = 24;
 pub const D_DIR: u64 = 32;
 /// name_len (bits 0..16) | kind (bits 24..32).
 pub const D_SHAPE: u64 = 40;
-/// The next node in key order.
+/// The link to the next node in key order (see [`link`]).
 pub const D_NEXT: u64 = 48;
 /// The name's bytes.
 pub const D_NAME: u64 = 56;
+
+/// Bits of a link that hold the next node's offset: an index is never
+/// larger than 2^36 bytes.
+pub const LINK_NODE_BITS: u32 = 36;
+/// The next node's offset in a link.
+pub const LINK_NODE_MASK: u64 = (1 << LINK_NODE_BITS) - 1;
+
+/// A key hash's tag: its top 28 bits (key hashes are below 2^63). Tags are
+/// in the order of the hashes, so a smaller tag means a smaller hash and a
+/// larger tag a larger one; only equal tags need the hashes themselves.
+pub const fn link_tag(hash: u64) -> u64 {
+    hash >> (63 - (64 - LINK_NODE_BITS))
+}
+
+/// The link to `node`, whose key hash is `hash`: its offset, and its tag
+/// above it. A search reads whether it passes or stops at the next node
+/// from the link alone, without the cache miss of reading the node; and
+/// the two halves change in one store, so a lock-free reader never sees
+/// one node's offset with another's tag.
+pub const fn link(node: u64, hash: u64) -> u64 {
+    node | link_tag(hash) << LINK_NODE_BITS
+}
 
 /// Packs a dirent's shape word.
 pub const fn shape(name_len: u16, kind: u8) -> u64 {

@@ -272,10 +272,26 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// The node after `node` in key order (0 at the end).
     #[inline]
     pub fn next(&self, node: u64) -> u64 {
+        self.link(node) & LINK_NODE_MASK
+    }
+
+    /// `node`'s link: the next node's offset and tag (see [`link`]).
+    #[inline]
+    pub fn link(&self, node: u64) -> u64 {
         // Acquire pairs with Kfs's Release store when it links a node, so
         // the node's fields are visible once its offset is.
         self.mem
             .load_u64(node.wrapping_add(D_NEXT), Ordering::Acquire)
+    }
+
+    /// How the node a link (non-zero) leads to compares with (`hash`,
+    /// `name`): from the link's tag alone unless the tags are equal.
+    #[inline]
+    pub fn cmp_link(&self, link: u64, hash: u64, name: &[u8]) -> Cmp {
+        match (link >> LINK_NODE_BITS).cmp(&link_tag(hash)) {
+            Cmp::Equal => self.cmp_key(link & LINK_NODE_MASK, hash, name),
+            other => other,
+        }
     }
 
     /// True for a sentinel or a list head (an empty-named node).
@@ -372,11 +388,12 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
             return Search { pred: 0, found: 0 };
         }
         loop {
-            let nx = self.next(x);
+            let l = self.link(x);
+            let nx = l & LINK_NODE_MASK;
             if nx == 0 {
                 return Search { pred: x, found: 0 };
             }
-            match self.cmp_key(nx, hash, name) {
+            match self.cmp_link(l, hash, name) {
                 Cmp::Less => x = nx,
                 Cmp::Equal => return Search { pred: x, found: nx },
                 Cmp::Greater => return Search { pred: x, found: 0 },

@@ -36,7 +36,7 @@ impl Namespace {
             a.put(s + D_DIR, dir)?;
             a.put(s + D_NEXT, next)?;
             a.put(table + B_SLOTS + 8 * b, s)?;
-            next = s;
+            next = link(s, bucket_start(b, bits));
         }
         a.put(head + D_NEXT, next)?;
         a.put(dir + I_DATA, head)?;
@@ -91,8 +91,10 @@ impl Namespace {
                 && self.is_node_of(h.pred, dir)
                 && r.cmp_key(h.pred, hash, name) == Cmp::Less
                 && {
-                    let nx = r.next(h.pred);
-                    nx == 0 || r.cmp_key(nx, hash, name) == Cmp::Greater
+                    // The link says where its node stands (Kfs wrote it), so
+                    // the node itself is read only on a tag collision.
+                    let l = r.link(h.pred);
+                    l & LINK_NODE_MASK == 0 || r.cmp_link(l, hash, name) == Cmp::Greater
                 };
             if ok {
                 self.hints.used += 1;
@@ -131,7 +133,8 @@ impl Namespace {
         (s.pred, s.found)
     }
 
-    /// A new entry item for `inode` named `name` in `dir`, not yet linked.
+    /// A new entry item for `inode` named `name` in `dir`, not yet linked,
+    /// whose own link is `next`.
     fn new_entry(
         &mut self,
         dir: u64,
@@ -163,11 +166,12 @@ impl Namespace {
         inode: u64,
         pred: u64,
     ) -> Result<u64, Errno> {
-        let next = self.arena.reader().next(pred);
-        let node = self.new_entry(dir, name_hash(name), name, inode, next)?;
+        let next = self.arena.reader().link(pred);
+        let hash = name_hash(name);
+        let node = self.new_entry(dir, hash, name, inode, next)?;
         // Release: the node is fully written before a reader can reach it
-        // (readers Acquire `next`).
-        self.arena.put(pred + D_NEXT, node)?;
+        // (readers Acquire the link).
+        self.arena.put(pred + D_NEXT, link(node, hash))?;
         Ok(node)
     }
 
@@ -185,9 +189,9 @@ impl Namespace {
             return Err(Errno::EIO);
         }
         let info = r.dirent(old);
-        let next = r.next(old);
+        let next = r.link(old);
         let node = self.new_entry(dir, info.hash, &info.name, inode, next)?;
-        self.arena.put(pred + D_NEXT, node)?;
+        self.arena.put(pred + D_NEXT, link(node, info.hash))?;
         self.arena.retire(old)?;
         Ok(node)
     }
@@ -199,7 +203,7 @@ impl Namespace {
         if r.next(pred) != node {
             return Err(Errno::EIO);
         }
-        self.arena.put(pred + D_NEXT, r.next(node))?;
+        self.arena.put(pred + D_NEXT, r.link(node))?;
         self.arena.retire(node)
     }
 
@@ -219,8 +223,9 @@ impl Namespace {
         self.arena.put(new + B_BITS, u64::from(nb))?;
         // The new sentinels' places: for every old bucket, the last node
         // before its middle. Each is a walk down one chain, a cache miss per
-        // node; the chains of a batch of buckets are walked in step, with
-        // each next node prefetched, so their misses overlap.
+        // node (the links' tags say where to stop, so the node after the
+        // place is not read); the chains of a batch of buckets are walked in
+        // step, with each next node prefetched, so their misses overlap.
         const BATCH: u64 = 32;
         let buckets = 1u64 << bits;
         let mut first = 0;
@@ -230,10 +235,9 @@ impl Namespace {
             let mut cur = [0u64; BATCH as usize];
             let mut next = [0u64; BATCH as usize];
             let mut done = [false; BATCH as usize];
-            for i in 0..n {
-                cur[i] = self.arena.get(table + B_SLOTS + 8 * (first + i as u64));
-                next[i] = r.next(cur[i]);
-                r.mem().prefetch(next[i] + D_HASH);
+            for (b, c) in (first..).zip(&mut cur[..n]) {
+                *c = self.arena.get(table + B_SLOTS + 8 * b);
+                r.mem().prefetch(*c + D_NEXT);
             }
             let mut left = n;
             while left > 0 {
@@ -242,25 +246,27 @@ impl Namespace {
                         continue;
                     }
                     let mid = bucket_start(2 * (first + i as u64) + 1, nb);
-                    if next[i] == 0 || r.cmp_key(next[i], mid, b"") != Cmp::Less {
+                    let l = r.link(cur[i]);
+                    if l & LINK_NODE_MASK == 0 || r.cmp_link(l, mid, b"") != Cmp::Less {
+                        next[i] = l;
                         done[i] = true;
                         left -= 1;
                     } else {
-                        cur[i] = next[i];
-                        next[i] = r.next(cur[i]);
-                        r.mem().prefetch(next[i] + D_HASH);
+                        cur[i] = l & LINK_NODE_MASK;
+                        r.mem().prefetch(cur[i] + D_NEXT);
                     }
                 }
             }
             for i in 0..n {
                 let b = first + i as u64;
                 let start = self.arena.get(table + B_SLOTS + 8 * b);
+                let mid = bucket_start(2 * b + 1, nb);
                 let s = self.arena.alloc(TAG_SENTINEL, dirent_size(0))?;
-                self.arena.put(s + D_HASH, bucket_start(2 * b + 1, nb))?;
+                self.arena.put(s + D_HASH, mid)?;
                 self.arena.put(s + D_DIR, dir)?;
                 self.arena.put(s + D_NEXT, next[i])?;
                 // Release: the sentinel is complete before it is linked.
-                self.arena.put(cur[i] + D_NEXT, s)?;
+                self.arena.put(cur[i] + D_NEXT, link(s, mid))?;
                 self.arena.put(new + B_SLOTS + 16 * b, start)?;
                 self.arena.put(new + B_SLOTS + 16 * b + 8, s)?;
             }
