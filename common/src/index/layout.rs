@@ -36,6 +36,11 @@
 //! adding a sentinel in the middle of every old bucket, publishes it, and
 //! retires the old one. Sentinels and the head are dirent-shaped items with
 //! an empty name, so a walk treats them as nodes and a listing skips them.
+//! Each link holds, beside the next node's offset, the top bits of that
+//! node's hash ([`link`]), so a search decides to stop or pass at a node
+//! without reading it: a create's search for its (absent) name reads its
+//! bucket's slot, sentinel and the entries below the name, and not the
+//! node after them.
 
 /// "KucoIDX1".
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KucoIDX1");
