@@ -615,3 +615,61 @@ fn the_inode_table_finds_what_a_walk_finds_in_a_grown_directory_with_links() {
             > 8
     );
 }
+
+/// Two names whose hashes share a link tag (the top 28 bits) but differ,
+/// the smaller hash first: found by trying names until two collide.
+fn names_sharing_a_tag() -> (String, String) {
+    use kucofs_common::index::layout::link_tag;
+    let mut seen = std::collections::HashMap::new();
+    for i in 0u64.. {
+        let name = format!("t{i}");
+        let hash = name_hash(name.as_bytes());
+        if let Some((other, h)) = seen.insert(link_tag(hash), (name.clone(), hash)) {
+            if h != hash {
+                return if h < hash {
+                    (other, name)
+                } else {
+                    (name, other)
+                };
+            }
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn names_whose_links_share_a_tag_are_told_apart_by_their_keys() {
+    let (low, high) = names_sharing_a_tag();
+    let mut ns = ns();
+    // The lower key first, then the higher, and the other way round: a
+    // search meets a link with its own tag and must read the node to pass
+    // it (low, then high) or stop at it (high, then low).
+    for (dir, first, second) in [("a", &low, &high), ("b", &high, &low)] {
+        mkdir(&mut ns, dir).unwrap();
+        create(&mut ns, &format!("{dir}/{first}")).unwrap();
+        let d = ns.reader().resolve(dir.as_bytes(), true).unwrap();
+        assert_eq!(ns.reader().lookup(d, second.as_bytes()), 0, "{dir}");
+        // The pre-located place of the second name is checked through the
+        // same links, and used.
+        let path = format!("{dir}/{second}");
+        let used = ns.hint_stats().used;
+        let req = Request::Create {
+            path: path.as_bytes(),
+            mode: libc::S_IFREG | 0o644,
+            target: b"",
+            hint: Some(hint_for(&ns, &path)),
+        };
+        ns.execute(&req, ME).unwrap();
+        assert_eq!(ns.hint_stats().used, used + 1, "{dir}");
+        let r = ns.reader();
+        assert_ne!(r.lookup(d, low.as_bytes()), r.lookup(d, high.as_bytes()));
+        assert_ne!(r.lookup(d, low.as_bytes()), 0, "{dir}");
+        assert_ne!(r.lookup(d, high.as_bytes()), 0, "{dir}");
+        let mut want = vec![low.clone(), high.clone()];
+        want.sort();
+        assert_eq!(names(&ns, dir), want);
+        unlink(&mut ns, &format!("{dir}/{first}"), false).unwrap();
+        assert_eq!(ns.reader().lookup(d, first.as_bytes()), 0, "{dir}");
+        assert_ne!(ns.reader().lookup(d, second.as_bytes()), 0, "{dir}");
+    }
+}
