@@ -10,8 +10,10 @@ use crate::codec::{Reader, Writer};
 use crate::index::PATH_MAX;
 use crate::Errno;
 
-/// Version of the request encoding.
-pub const PROTO_VERSION: u16 = 1;
+/// Version of what a client and Kfs must agree on: the request encoding
+/// and the layout of the shared index the client reads (2: directory links
+/// carry their next node's hash tag).
+pub const PROTO_VERSION: u16 = 2;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.

@@ -42,8 +42,8 @@
 //! bucket's slot, sentinel and the entries below the name, and not the
 //! node after them.
 
-/// "KucoIDX1".
-pub const MAGIC: u64 = u64::from_le_bytes(*b"KucoIDX1");
+/// "KucoIDX2" (2: directory links carry their next node's hash tag).
+pub const MAGIC: u64 = u64::from_le_bytes(*b"KucoIDX2");
 
 // Arena header.
 /// Magic.
