@@ -13,12 +13,17 @@ fn ns() -> Namespace {
 }
 
 fn create(ns: &mut Namespace, path: &str) -> Result<Reply, Errno> {
+    create_with(ns, path, None)
+}
+
+/// A file create that sends `hint` as its pre-located address.
+fn create_with(ns: &mut Namespace, path: &str, hint: Option<Hint>) -> Result<Reply, Errno> {
     ns.execute(
         &Request::Create {
             path: path.as_bytes(),
             mode: libc::S_IFREG | 0o644,
             target: b"",
-            hint: None,
+            hint,
         },
         ME,
     )
@@ -273,13 +278,7 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     }
     let before = ns.hint_stats();
     let h = hint_for(&ns, "d/new");
-    let req = Request::Create {
-        path: b"d/new",
-        mode: libc::S_IFREG | 0o600,
-        target: b"",
-        hint: Some(h),
-    };
-    ns.execute(&req, ME).unwrap();
+    create_with(&mut ns, "d/new", Some(h)).unwrap();
     assert_eq!(ns.hint_stats().used, before.used + 1);
 
     let h = hint_for(&ns, "d/f7");
@@ -338,14 +337,8 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     for i in 0..forgeries {
         let path = format!("d/x{i}");
         let h = forge(hint_for(&ns, &path))[i];
-        let req = Request::Create {
-            path: path.as_bytes(),
-            mode: libc::S_IFREG | 0o600,
-            target: b"",
-            hint: Some(h),
-        };
         let stale_before = ns.hint_stats().stale;
-        let reply = ns.execute(&req, ME).unwrap();
+        let reply = create_with(&mut ns, &path, Some(h)).unwrap();
         let r = ns.reader();
         // Even a hint naming another real directory: the file lands where
         // the path says.
@@ -364,13 +357,7 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     // The same hint unforged is used: the count tells the two apart.
     let before = ns.hint_stats();
     let h = hint_for(&ns, "d/honest");
-    let req = Request::Create {
-        path: b"d/honest",
-        mode: libc::S_IFREG | 0o600,
-        target: b"",
-        hint: Some(h),
-    };
-    ns.execute(&req, ME).unwrap();
+    create_with(&mut ns, "d/honest", Some(h)).unwrap();
     assert_eq!(ns.hint_stats().stale, before.stale);
     assert_eq!(ns.hint_stats().used, before.used + 1);
     // A freed entry as the "found" of an unlink hint.
@@ -524,13 +511,7 @@ fn requests_whose_every_address_is_stale_still_do_the_right_thing() {
     }
     for (i, h) in hints.iter().enumerate() {
         let path = format!("d/g{i}");
-        let req = Request::Create {
-            path: path.as_bytes(),
-            mode: libc::S_IFREG | 0o600,
-            target: b"",
-            hint: Some(*h),
-        };
-        ns.execute(&req, ME).unwrap();
+        create_with(&mut ns, &path, Some(*h)).unwrap();
     }
     let listed = names(&ns, "d");
     assert_eq!(listed.len(), 600);
@@ -653,13 +634,8 @@ fn names_whose_links_share_a_tag_are_told_apart_by_their_keys() {
         // same links, and used.
         let path = format!("{dir}/{second}");
         let used = ns.hint_stats().used;
-        let req = Request::Create {
-            path: path.as_bytes(),
-            mode: libc::S_IFREG | 0o644,
-            target: b"",
-            hint: Some(hint_for(&ns, &path)),
-        };
-        ns.execute(&req, ME).unwrap();
+        let h = hint_for(&ns, &path);
+        create_with(&mut ns, &path, Some(h)).unwrap();
         assert_eq!(ns.hint_stats().used, used + 1, "{dir}");
         let r = ns.reader();
         assert_ne!(r.lookup(d, low.as_bytes()), r.lookup(d, high.as_bytes()));

@@ -251,6 +251,20 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
     v.close().unwrap();
 }
 
+/// Client 0, attached under batched protection with a view of its own,
+/// and its open for writing of file "f".
+fn batched_writer(v: &mut Volume) -> (kucofs_common::pm::RegionView, Reply) {
+    let view = v.image().region().view().unwrap();
+    v.attach_client(
+        0,
+        Some(view.protector()),
+        kucofs_common::pm::Protection::Batched,
+    );
+    let f = open_for_write(v, ME, "f");
+    assert_eq!(f.errno, 0);
+    (view, f)
+}
+
 /// The read and write letters ("rw" or "r-") of region page `page` in
 /// `view`, from `/proc/self/maps`.
 fn perms(view: &kucofs_common::pm::RegionView, page: u64) -> String {
@@ -305,12 +319,9 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
 /// `BATCH_PAGES` committed pages, without waiting for its time bound.
 #[test]
 fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
-    use kucofs_common::pm::{Protection, BATCH_PAGES, BATCH_TIME};
+    use kucofs_common::pm::{BATCH_PAGES, BATCH_TIME};
     let (_dir, _, mut v) = volume();
-    let view = v.image().region().view().unwrap();
-    v.attach_client(0, Some(view.protector()), Protection::Batched);
-    let f = open_for_write(&mut v, ME, "f");
-    assert_eq!(f.errno, 0);
+    let (view, f) = batched_writer(&mut v);
     let g = v.handle(
         &Request::Grant {
             pages: BATCH_PAGES as u32 + 1,
@@ -401,12 +412,9 @@ fn replaced_pages_stay_writable_for_their_client_only() {
 /// first, still writable.
 #[test]
 fn a_replaced_page_comes_back_to_its_client_still_writable() {
-    use kucofs_common::pm::{Protection, BATCH_TIME};
+    use kucofs_common::pm::BATCH_TIME;
     let (_dir, _, mut v) = volume();
-    let view = v.image().region().view().unwrap();
-    v.attach_client(0, Some(view.protector()), Protection::Batched);
-    let f = open_for_write(&mut v, ME, "f");
-    assert_eq!(f.errno, 0);
+    let (view, f) = batched_writer(&mut v);
     let g = v.handle(&Request::Grant { pages: 2 }, ME);
     assert_eq!((g.errno, g.value), (0, 2));
     for page in [g.inode, g.inode + 1] {
