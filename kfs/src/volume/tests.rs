@@ -377,13 +377,10 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
 fn replaced_pages_stay_writable_for_their_client_only() {
     use kucofs_common::pm::{Protection, BATCH_TIME};
     let (_dir, _, mut v) = volume();
-    let view = v.image().region().view().unwrap();
+    let (view, f) = batched_writer(&mut v);
     let other_view = v.image().region().view().unwrap();
     let other = Caller { client: 1, ..ME };
-    v.attach_client(0, Some(view.protector()), Protection::Batched);
     v.attach_client(1, Some(other_view.protector()), Protection::Off);
-    let f = open_for_write(&mut v, ME, "f");
-    assert_eq!(f.errno, 0);
     let g = v.handle(&Request::Grant { pages: 64 }, ME);
     assert_eq!(g.errno, 0);
     let commit_page = |v: &mut Volume, page: u64| {
