@@ -283,7 +283,7 @@ impl File {
                     }
                     let out = &mut buf[done..done + (end - at) as usize];
                     let whole = copy_pages(region, snap, first, at, out);
-                    if entries_unchanged(&map, first, snap) {
+                    if entries_unchanged(&map, first, snap) && map.is_current(self.inode) {
                         if !whole {
                             return Err(err(Errno::EIO));
                         }

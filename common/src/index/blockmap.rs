@@ -21,10 +21,13 @@
 //! `Acquire` and accepts them only if every change of version between two
 //! neighbours is a closed run meeting an opened one ([`runs_are_whole`]):
 //! a half-stored commit always leaves a run that is open where the old
-//! version resumes. It then copies the data and loads the entries again;
-//! if they are unchanged, the snapshot was the map's state at one instant
-//! (a changed entry never returns to its old value while the reader is in
-//! its epoch, since a replaced page is not reused until then). Pages are
+//! version resumes. It then copies the data, loads the entries again and
+//! checks that the inode still names the same root (a small root leaf that
+//! a file outgrows is copied into a full one, and later changes go to the
+//! copy only); if nothing changed, the snapshot was the map's state at one
+//! instant (a changed entry never returns to its old value while the
+//! reader is in its epoch, since a replaced page is not reused until
+//! then). Pages are
 //! never written after their commit (writes copy on write), so the copied
 //! data is that state's data. The one exception is Kfs zeroing the bytes a
 //! shrink left past a file's end before the file grows over them: it gives
@@ -178,6 +181,18 @@ impl<'a, W: Words + ?Sized> MapReader<'a, W> {
     /// The map a map word names.
     pub fn new(mem: &'a W, word: u64) -> Self {
         MapReader { mem, word }
+    }
+
+    /// True if the inode at `inode` still names this map. A reader checks
+    /// this with its entries after copying: when a file outgrows its small
+    /// root leaf, Kfs copies that leaf into a full one and makes later
+    /// changes there, so the old leaf's entries stay as they were and
+    /// checking them again alone would miss those changes.
+    pub fn is_current(&self, inode: u64) -> bool {
+        // Acquire: as in `of_inode`.
+        self.mem
+            .load_u64(inode.wrapping_add(I_DATA), Ordering::Acquire)
+            == self.word
     }
 }
 
