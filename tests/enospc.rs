@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::io::{self, Write};
+use std::io::{self, Seek, Write};
 
 use kucofs::{File, Fs, OpenOptions};
 use kucofs_common::format::Geometry;
@@ -221,5 +221,44 @@ fn scattered_free_pages_can_all_be_written() {
     }
     fs.close().expect("close");
     let report = kucofs_kfs::fsck(&image).expect("fsck runs");
+    assert!(report.problems.is_empty(), "{report}");
+}
+
+/// An append that the file system can take only part of appends that part
+/// and says so, as POSIX `write` does: the count written, the position
+/// after it; the next append gets `ENOSPC`.
+#[test]
+fn an_append_cut_short_reports_what_it_appended() {
+    let Some(dir) = support::shm_dir("kucofs-enospc-") else {
+        return;
+    };
+    let page = 4096u64;
+    let fs = Fs::create(dir.path().join("img"), IMAGE_SIZE).expect("mkfs and open");
+    let big = File::create(&fs, "big").expect("create big");
+    let len = fill(&big, 1, 0);
+    // Eight pages come free (once their grace period ends).
+    big.set_len(len / page * page - 8 * page).expect("shrink");
+    let mut a = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&fs, "a")
+        .expect("open for appending");
+    let data = pattern(2, 0, 16 * page as usize);
+    let n = a.write(&data).expect("a short append is not an error");
+    assert!(
+        n > 0 && n < data.len(),
+        "appended {n} of {} bytes into eight free pages",
+        data.len()
+    );
+    assert_eq!(a.stream_position().expect("position"), n as u64);
+    assert_contents(&fs, "a", 2, n as u64);
+    let e = a
+        .write(&data[n..])
+        .expect_err("an append to a full file system");
+    assert!(is_enospc(&e), "an append to a full file system: {e}");
+    assert_contents(&fs, "a", 2, n as u64);
+    drop((a, big));
+    fs.close().expect("close");
+    let report = kucofs_kfs::fsck(&dir.path().join("img")).expect("fsck runs");
     assert!(report.problems.is_empty(), "{report}");
 }

@@ -300,8 +300,9 @@ impl File {
     }
 
     /// Writes all of `buf` at `offset` (durably) without moving the
-    /// position; returns its length, or fewer bytes if the file system
-    /// filled up part-way.
+    /// position; returns its length, or fewer bytes if a later part could
+    /// not be written (the file system filled up part-way: the next write
+    /// reports the error).
     pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
         if !self.write {
             return Err(err(Errno::EBADF));
@@ -319,9 +320,10 @@ impl File {
         self.write_locked(buf, offset)
     }
 
-    /// Appends all of `buf` at the end of the file; returns the offset it
-    /// was written at.
-    fn append(&self, buf: &[u8]) -> io::Result<u64> {
+    /// Appends `buf` at the end of the file; returns the offset it was
+    /// written at and the bytes written (fewer than `buf.len()` if the
+    /// file system filled up part-way, as [`File::write_at`]).
+    fn append(&self, buf: &[u8]) -> io::Result<(u64, usize)> {
         loop {
             let size = self.size();
             let _g = self.lock.lock(size / PAGE * PAGE, u64::MAX);
@@ -332,16 +334,15 @@ impl File {
             size.checked_add(buf.len() as u64)
                 .filter(|&e| e <= MAX_FILE_SIZE)
                 .ok_or_else(|| err(Errno::EFBIG))?;
-            let n = self.write_locked(buf, size)?;
-            if n < buf.len() {
-                return Err(err(Errno::ENOSPC));
-            }
-            return Ok(size);
+            return Ok((size, self.write_locked(buf, size)?));
         }
     }
 
     /// The copy-on-write of `buf` at `offset`; the caller holds the range
-    /// lock over the pages it touches.
+    /// lock over the pages it touches. A write is committed a chunk at a
+    /// time: once one chunk is in the file, a failure of a later one ends
+    /// the write short (as POSIX `write` reports a partial write), and the
+    /// caller's next write gets the error.
     fn write_locked(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
         let fs = &self.fs;
         let slot = fs.slot()?;
@@ -353,7 +354,7 @@ impl File {
             let n = (want_end - 1) / PAGE - first + 1;
             let extents = match fs.take_pages(slot, n) {
                 Ok(e) => e,
-                Err(e) if at > offset && e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(_) if at > offset => break,
                 Err(e) => return Err(e),
             };
             // Fewer pages than asked: this commit covers what they hold.
@@ -362,6 +363,9 @@ impl File {
             if let Err(e) = self.write_chunk(slot, &extents, first, at, chunk_end, data) {
                 // Not in the file: the pages serve the next write.
                 fs.untake_pages(slot, &extents);
+                if at > offset {
+                    break;
+                }
                 return Err(e);
             }
             at = chunk_end;
@@ -509,9 +513,9 @@ impl File {
             if buf.is_empty() {
                 return Ok(0);
             }
-            let at = self.append(buf)?;
-            *pos = at + buf.len() as u64;
-            return Ok(buf.len());
+            let (at, n) = self.append(buf)?;
+            *pos = at + n as u64;
+            return Ok(n);
         }
         let n = self.write_at(buf, *pos)?;
         *pos += n as u64;
