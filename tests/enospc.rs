@@ -262,3 +262,54 @@ fn an_append_cut_short_reports_what_it_appended() {
     let report = kucofs_kfs::fsck(&dir.path().join("img")).expect("fsck runs");
     assert!(report.problems.is_empty(), "{report}");
 }
+
+/// A thread's pool of free pages is its own stock, which other threads
+/// cannot use: so it holds a share of the free pages, never all of them.
+/// After three threads (still running) have each written a page, a fourth
+/// can still fill most of what `statfs` reports free.
+#[test]
+fn one_thread_s_pool_leaves_room_for_the_others() {
+    let Some(dir) = support::shm_dir("kucofs-enospc-") else {
+        return;
+    };
+    let page = 4096usize;
+    let fs = Fs::create(dir.path().join("img"), IMAGE_SIZE).expect("mkfs and open");
+    let wrote = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        let small: Vec<_> = (0..3u8)
+            .map(|t| {
+                let (fs, wrote) = (&fs, &wrote);
+                s.spawn(move || {
+                    let r = File::create(fs, format!("small{t}"))
+                        .and_then(|f| f.write_at(&pattern(t, 0, page), 0));
+                    // Stay alive, holding this thread's pool, until the
+                    // last thread has written (a failure is reported
+                    // after, so that no thread waits for a panicked one).
+                    wrote.wait();
+                    wrote.wait();
+                    r
+                })
+            })
+            .collect();
+        wrote.wait();
+        let free = fs.statfs().expect("statfs").blocks_free;
+        let last = s
+            .spawn(|| {
+                File::create(&fs, "last")
+                    .map(|f| fill(&f, 9, 0))
+                    .unwrap_or(0)
+            })
+            .join()
+            .unwrap_or(0);
+        wrote.wait();
+        for (t, h) in small.into_iter().enumerate() {
+            let r = h.join().expect("a small writer");
+            assert_eq!(r.ok(), Some(page), "thread {t}'s one-page write");
+        }
+        assert!(
+            last / page as u64 >= free / 2,
+            "the last thread wrote {last} bytes; {free} pages were free"
+        );
+        assert_contents(&fs, "last", 9, last);
+    });
+}

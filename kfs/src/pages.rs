@@ -60,6 +60,8 @@ pub struct Pages {
     /// finds the lowest long run without walking the short ones (freed
     /// pages come back scattered).
     long: BTreeSet<u64>,
+    /// Pages in the free runs.
+    free_count: u64,
     /// Pages files hold (in state `USED`).
     used: u64,
     /// Replaced pages: (epoch, page), freed once no reader is older.
@@ -93,6 +95,7 @@ impl Pages {
             state,
             free: BTreeMap::new(),
             long: BTreeSet::new(),
+            free_count: 0,
             used,
             waiting: VecDeque::new(),
         };
@@ -120,9 +123,8 @@ impl Pages {
     }
 
     /// Pages free now (neither in a file, nor in a pool, nor waiting).
-    #[cfg(test)]
     pub fn free_pages(&self) -> u64 {
-        self.free.values().sum()
+        self.free_count
     }
 
     /// Pages that files hold; the others are free, in a pool, or waiting
@@ -241,6 +243,7 @@ impl Pages {
     }
 
     fn add_run(&mut self, start: u64, len: u64) {
+        self.free_count += len;
         self.free.insert(start, len);
         if len >= LONG {
             self.long.insert(start);
@@ -249,7 +252,9 @@ impl Pages {
 
     fn del_run(&mut self, start: u64) -> Option<u64> {
         self.long.remove(&start);
-        self.free.remove(&start)
+        let len = self.free.remove(&start)?;
+        self.free_count -= len;
+        Some(len)
     }
 
     fn free_run(&mut self, start: u64, len: u64) {
@@ -445,5 +450,27 @@ mod tests {
         // With no long run left, a long grant takes a short one.
         p.grant(B, u64::MAX, true).unwrap();
         assert_eq!(p.grant(B, 16, true).unwrap(), (s + 6, 1));
+    }
+
+    #[test]
+    fn the_free_count_follows_every_change_of_the_runs() {
+        let g = geometry();
+        let mut p = Pages::new(&g, []).unwrap();
+        let sum = |p: &Pages| p.free.values().sum::<u64>();
+        assert_eq!(p.free_pages(), sum(&p));
+        let (s, n) = p.grant(A, 40, false).unwrap();
+        let (s2, _) = p.grant(A, 100, true).unwrap();
+        assert_eq!(p.free_pages(), sum(&p));
+        p.take(A, &[s, s + 1, s + 5, s2]).unwrap();
+        for (i, page) in [s, s + 5, s2].into_iter().enumerate() {
+            p.retire(page, i as u64);
+        }
+        assert_eq!(p.free_pages(), sum(&p));
+        p.reclaim(u64::MAX);
+        p.ungrant(s + 10, n - 10);
+        assert_eq!(p.free_pages(), sum(&p));
+        p.release(A);
+        assert_eq!(p.free_pages(), sum(&p));
+        assert_eq!(p.free_pages() + p.used_pages(), p.total_pages());
     }
 }

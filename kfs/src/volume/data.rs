@@ -23,6 +23,10 @@ use crate::record::Record;
 
 /// Largest pool one grant hands out (16 MiB).
 pub const POOL_MAX: u32 = 4096;
+/// A grant hands out at most this fraction of the free pages: a pool is
+/// one thread's stock, and the other threads (whose pools Kfs cannot take
+/// back) must find pages too when the file system is nearly full.
+const POOL_SHARE: u64 = 8;
 /// Reclamation rounds a grant waits for replaced pages before `ENOSPC`.
 const GRANT_TRIES: u32 = 10_000;
 
@@ -381,7 +385,8 @@ impl Volume {
                     None => true,
                 },
             };
-            match self.pages.grant(h, want, !lowest_ready) {
+            let share = (self.pages.free_pages() / POOL_SHARE).max(1);
+            match self.pages.grant(h, want.min(share), !lowest_ready) {
                 Ok(g) => break g,
                 Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES => return Err(e),
                 Err(_) => {

@@ -21,9 +21,14 @@ fn shm_dir() -> tempfile::TempDir {
 
 /// A fresh 16 MiB image, opened (the directory holds it).
 fn volume() -> (tempfile::TempDir, std::path::PathBuf, Volume) {
+    volume_of(16 << 20)
+}
+
+/// A fresh volume on an image of `bytes`.
+fn volume_of(bytes: u64) -> (tempfile::TempDir, std::path::PathBuf, Volume) {
     let dir = shm_dir();
     let path = dir.path().join("img");
-    crate::mkfs(&path, 16 << 20, false).unwrap();
+    crate::mkfs(&path, bytes, false).unwrap();
     let v = Volume::open(&path).unwrap();
     (dir, path, v)
 }
@@ -320,7 +325,9 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
 #[test]
 fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
     use kucofs_common::pm::{BATCH_PAGES, BATCH_TIME};
-    let (_dir, _, mut v) = volume();
+    // Large enough that one grant may hand out more than a batch (a grant
+    // takes at most an eighth of the free pages).
+    let (_dir, _, mut v) = volume_of(64 << 20);
     let (view, f) = batched_writer(&mut v);
     let g = v.handle(
         &Request::Grant {
