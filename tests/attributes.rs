@@ -70,3 +70,36 @@ fn owners_times_permissions_and_statfs() {
     check(&fs);
     assert_eq!(fs.statfs().unwrap(), after);
 }
+
+/// Opening a file that exists with truncation changes its modification
+/// and change times, as on Linux, even when it is empty already; creating
+/// a file with truncation asks for no truncation of its own.
+#[test]
+fn a_truncating_open_of_an_existing_file_changes_its_times() {
+    let Some(dir) = support::shm_dir("kucofs-attr-") else {
+        return;
+    };
+    let fs = Fs::create(dir.path().join("img"), 16 << 20).unwrap();
+    let old = UNIX_EPOCH + Duration::new(1_000_000, 0);
+    for (name, data) in [("empty", &b""[..]), ("full", &b"data"[..])] {
+        fs.write(name, data).unwrap();
+        fs.set_times(name, Some(old), Some(old)).unwrap();
+        drop(kucofs_ulib::File::create(&fs, name).unwrap());
+        let m = fs.metadata(name).unwrap();
+        assert_eq!(m.len(), 0, "{name}");
+        assert!(m.modified().unwrap() > old, "{name}: mtime unchanged");
+    }
+    let truncations = |fs: &Fs| {
+        fs.kfs_stats()
+            .and_then(|s| {
+                s.per_kind
+                    .iter()
+                    .find(|k| k.0 == kucofs_common::proto::RequestKind::Truncate)
+                    .map(|k| k.1)
+            })
+            .unwrap_or(0)
+    };
+    let before = truncations(&fs);
+    drop(kucofs_ulib::File::create(&fs, "new").unwrap());
+    assert_eq!(truncations(&fs), before, "a create truncated its new file");
+}

@@ -129,7 +129,8 @@ pub enum Request<'a> {
     Ping,
     /// Open the file `path` names (following symlinks), with [`open`]
     /// flags; creating it with `mode` if asked. A write open takes the
-    /// file's write lease for this client.
+    /// file's write lease for this client. The reply's `value` is 1 if
+    /// this open created the file.
     Open {
         path: &'a [u8],
         flags: u32,

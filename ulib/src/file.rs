@@ -147,8 +147,11 @@ impl OpenOptions {
         // Truncation as `set_len` does it, under the file's range lock, so
         // that a write another thread has under way lands wholly before
         // the cut or wholly after it (Kfs's own `open::TRUNC` cannot wait
-        // for this process's writers).
-        if self.truncate && file.size() != 0 {
+        // for this process's writers). As on Linux, truncating a file that
+        // was there already changes its times even when it is empty (Kfs's
+        // reply says whether the open created the file).
+        let created = reply.value == 1;
+        if self.truncate && (file.size() != 0 || !created) {
             file.set_len(0)?;
         }
         Ok(file)

@@ -271,6 +271,7 @@ impl Volume {
         }
         self.client(caller)?;
         let write = flags & open::WRITE != 0;
+        let mut created = false;
         let inode = match self.ns.reader().resolve(path, true) {
             Ok(_) if flags & open::CREATE != 0 && flags & open::EXCL != 0 => {
                 return Err(Errno::EEXIST)
@@ -283,6 +284,7 @@ impl Volume {
                     target: b"",
                     hint,
                 };
+                created = true;
                 self.handle_inner(&create, caller.creds)?.inode
             }
             Err(e) => return Err(e),
@@ -312,7 +314,8 @@ impl Volume {
             ino,
             inode,
             gen,
-            value: 0,
+            // 1: this open created the file.
+            value: u64::from(created),
         };
         if kind == Kind::File {
             self.ns.pin(ino);
