@@ -219,10 +219,10 @@ impl Inner {
     }
 
     /// Takes up to `n` pages from `slot`'s pool, asking Kfs for more when
-    /// it runs out. Fewer come back when a commit's extents are full or Kfs
-    /// runs out after some were taken (the caller writes less, and asks
-    /// again); `ENOSPC` only when none could be taken. Pages not taken stay
-    /// in the pool.
+    /// it runs out. Fewer come back when a commit's extents are full or a
+    /// grant fails after some were taken (the caller writes less, and asks
+    /// again); an error (`ENOSPC` when the file system is full) only when
+    /// none could be taken. Pages not taken stay in the pool.
     pub(crate) fn take_pages(&self, slot: usize, n: u64) -> io::Result<Extents> {
         let mut pool = self.pools[slot].lock();
         let mut out = Extents::new();
@@ -235,8 +235,11 @@ impl Inner {
                     },
                 ) {
                     Ok(r) if r.value > 0 => pool.push((r.inode, r.inode + r.value)),
+                    // Pages already taken are the caller's to write (its
+                    // next request meets the failure): returning an error
+                    // here would strand them, out of the pool and unused.
+                    _ if out.pages() > 0 => break,
                     Ok(_) => return Err(err(Errno::EPROTO)),
-                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && out.pages() > 0 => break,
                     Err(e) => return Err(e),
                 }
                 continue;
