@@ -289,8 +289,9 @@ pub struct Reply {
     pub inode: u64,
     /// Its generation.
     pub gen: u32,
-    /// A request's own result: a granted pool's page count, or the file's
-    /// size after a commit or truncation.
+    /// A request's own result: a granted pool's page count, the file's
+    /// size after a commit or truncation, or 1 if an open created its
+    /// file.
     pub value: u64,
 }
 

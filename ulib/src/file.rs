@@ -6,14 +6,15 @@
 //! no lock and no request. Writes copy on write (DESIGN §8): under a range
 //! lock on the pages they touch, they fill fresh pages of this thread's
 //! pool with the old bytes and the new, persist them, and send Kfs a commit
-//! for every 256 pages they touch (fewer when a thread's pool hands out
+//! for every 256 pages they touch (more when a thread's pool hands out
 //! scattered runs); Kfs makes the change durable before it replies.
 
-use parking_lot::Mutex;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use kucofs_common::index::blockmap::{
     entries_unchanged, entry_page, load_entries, runs_are_whole, EntrySource, MapReader,
@@ -148,10 +149,10 @@ impl OpenOptions {
         // that a write another thread has under way lands wholly before
         // the cut or wholly after it (Kfs's own `open::TRUNC` cannot wait
         // for this process's writers). As on Linux, truncating a file that
-        // was there already changes its times even when it is empty (Kfs's
-        // reply says whether the open created the file).
+        // was there already changes its times even when it is empty, and a
+        // file this open made (Kfs's reply says so) is left alone.
         let created = reply.value == 1;
-        if self.truncate && (file.size() != 0 || !created) {
+        if self.truncate && !created {
             file.set_len(0)?;
         }
         Ok(file)

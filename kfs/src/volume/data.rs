@@ -306,7 +306,9 @@ impl Volume {
             // Another process holds the write lease.
             return Err(Errno::ETXTBSY);
         }
-        if write && flags & open::TRUNC != 0 && self.ns.shm_u64(inode + I_SIZE) != 0 {
+        // As on Linux, truncating a file that was there already changes its
+        // times even when it is empty; a file this open made is left alone.
+        if write && flags & open::TRUNC != 0 && !created {
             self.set_size(inode, ino, 0)?;
         }
         let reply = Reply {

@@ -484,3 +484,45 @@ fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
     let report = crate::fsck(&path).unwrap();
     assert!(report.problems.is_empty(), "{report}");
 }
+
+/// Kfs's own truncating open, as a client that cannot cut the file itself
+/// asks for it: an open that creates the file reports it (`value` 1) and
+/// changes nothing more; one of a file that exists, even empty, sets its
+/// modification time, as on Linux.
+#[test]
+fn a_truncating_open_changes_an_existing_file_and_reports_a_created_one() {
+    use kucofs_common::proto::open::{CREATE, TRUNC, WRITE};
+    let (_dir, _, mut v) = volume();
+    v.attach_client(0, None, Default::default());
+    let open = |v: &mut Volume, flags| {
+        let r = v.handle(
+            &Request::Open {
+                path: b"f",
+                flags,
+                mode: 0o644,
+                hint: None,
+            },
+            ME,
+        );
+        assert_eq!(r.errno, 0);
+        let mtime = v.namespace().reader().attr(r.inode).unwrap().mtime;
+        assert_eq!(
+            v.handle(
+                &Request::Close {
+                    ino: r.ino,
+                    write: true
+                },
+                ME
+            )
+            .errno,
+            0
+        );
+        (r.value, mtime)
+    };
+    let (created, made) = open(&mut v, WRITE | CREATE | TRUNC);
+    assert_eq!(created, 1);
+    let (again, cut) = open(&mut v, WRITE | CREATE | TRUNC);
+    assert_eq!(again, 0);
+    assert!(cut > made, "mtime {made} unchanged by a truncating open");
+    v.close().unwrap();
+}
