@@ -347,7 +347,7 @@ impl Volume {
         let bitmap = Pages::new(&g, used_pages(&self.ns))
             .map_err(|_| io(&self, "count the pages of", Errno::EIO))?
             .used_bitmap();
-        let area = self.image.superblock().geometry.bitmap;
+        let area = g.bitmap;
         let region = self.image.region();
         region
             .write(area.offset(), &bitmap)

@@ -27,9 +27,8 @@
 //! copy only); if nothing changed, the snapshot was the map's state at one
 //! instant (a changed entry never returns to its old value while the
 //! reader is in its epoch, since a replaced page is not reused until
-//! then). Pages are
-//! never written after their commit (writes copy on write), so the copied
-//! data is that state's data. The one exception is Kfs zeroing the bytes a
+//! then). Pages are never written after their commit (writes copy on
+//! write), so the copied data is that state's data. The one exception is Kfs zeroing the bytes a
 //! shrink left past a file's end before the file grows over them: it gives
 //! that page's entry a new version first and stores the larger size after
 //! the zeros, and a reader loads the size again after the entries, so a
