@@ -8,6 +8,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use kucofs_ulib::{Config, Fs};
@@ -142,31 +143,31 @@ fn a_listing_during_changes_returns_every_stable_entry_exactly_once() {
     for name in &stable {
         fs.create_file(format!("d/{name}")).unwrap();
     }
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let listing = std::sync::atomic::AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    let listing = AtomicBool::new(false);
     // Creates the churn thread has made.
-    let churned = std::sync::atomic::AtomicU64::new(0);
+    let churned = AtomicU64::new(0);
     std::thread::scope(|s| {
         // Churn: names come and go while the listings run, the first ones
         // doubling the bucket table once the first listing has begun.
         let churn = s.spawn(|| {
-            while !listing.load(std::sync::atomic::Ordering::Relaxed) {
+            while !listing.load(Ordering::Relaxed) {
                 std::thread::yield_now();
             }
             let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 fs.create_file(format!("d/churn-{i}")).unwrap();
                 if i >= 50 {
                     fs.remove_file(format!("d/churn-{}", i - 50)).unwrap();
                 }
                 i += 1;
-                churned.store(i, std::sync::atomic::Ordering::Relaxed);
+                churned.store(i, Ordering::Relaxed);
             }
         });
         for round in 0..5 {
             let mut seen = Vec::new();
             for e in fs.read_dir("d").unwrap() {
-                listing.store(true, std::sync::atomic::Ordering::Relaxed);
+                listing.store(true, Ordering::Relaxed);
                 let name = e.unwrap().file_name().into_string().unwrap();
                 if name.starts_with("stable-") {
                     seen.push(name);
@@ -180,7 +181,7 @@ fn a_listing_during_changes_returns_every_stable_entry_exactly_once() {
                 // the table and go on, whatever the scheduler does.
                 if round == 0 && seen.len() == 1000 {
                     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-                    while churned.load(std::sync::atomic::Ordering::Relaxed) < 60 {
+                    while churned.load(Ordering::Relaxed) < 60 {
                         assert!(
                             std::time::Instant::now() < deadline,
                             "the churn thread did not run"
@@ -197,7 +198,7 @@ fn a_listing_during_changes_returns_every_stable_entry_exactly_once() {
             );
             assert_eq!(unique, stable, "round {round}: a stable entry is missing");
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         churn.join().unwrap();
     });
 }

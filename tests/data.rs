@@ -7,18 +7,20 @@ use kucofs::{File, Fs, OpenOptions};
 
 mod support;
 
-fn image() -> Option<(tempfile::TempDir, std::path::PathBuf)> {
+/// A fresh 64 MiB file system, and its image's path (the directory holds
+/// it).
+fn fresh() -> Option<(tempfile::TempDir, std::path::PathBuf, Fs)> {
     let dir = support::shm_dir("kucofs-data-")?;
     let path = dir.path().join("fs.img");
-    Some((dir, path))
+    let fs = Fs::create(&path, 64 << 20).unwrap();
+    Some((dir, path, fs))
 }
 
 #[test]
 fn write_read_holes_truncate_and_reopen() {
-    let Some((_d, path)) = image() else {
+    let Some((_d, path, fs)) = fresh() else {
         return;
     };
-    let fs = Fs::create(&path, 64 << 20).unwrap();
     let f = File::create(&fs, "a").unwrap();
     assert_eq!(f.write_at(b"hello", 0).unwrap(), 5);
     assert_eq!(f.write_at(b"world", 10_000).unwrap(), 5);
@@ -58,10 +60,9 @@ fn write_read_holes_truncate_and_reopen() {
 
 #[test]
 fn statfs_counts_the_pages_files_hold() {
-    let Some((_d, path)) = image() else {
+    let Some((_d, path, fs)) = fresh() else {
         return;
     };
-    let fs = Fs::create(&path, 64 << 20).unwrap();
     let empty = fs.statfs().unwrap();
     assert_eq!(empty.blocks_free, empty.blocks);
     let f = File::create(&fs, "a").unwrap();
@@ -85,10 +86,9 @@ fn statfs_counts_the_pages_files_hold() {
 /// after it (zeros, then the byte written), never on the old contents.
 #[test]
 fn truncating_open_and_a_concurrent_write_are_ordered() {
-    let Some((_d, path)) = image() else {
+    let Some((_d, _, fs)) = fresh() else {
         return;
     };
-    let fs = Fs::create(&path, 64 << 20).unwrap();
     let rounds = if cfg!(debug_assertions) { 300 } else { 2_000 };
     for _ in 0..rounds {
         fs.write("f", vec![b'A'; 8192]).unwrap();
@@ -125,10 +125,9 @@ fn truncating_open_and_a_concurrent_write_are_ordered() {
 /// writes land at the same offset, and the file holds every byte written.
 #[test]
 fn threads_sharing_a_file_position_never_write_at_the_same_offset() {
-    let Some((_d, path)) = image() else {
+    let Some((_d, _, fs)) = fresh() else {
         return;
     };
-    let fs = Fs::create(&path, 64 << 20).unwrap();
     let f = File::create(&fs, "shared").unwrap();
     const THREADS: u8 = 4;
     const RECORD: usize = 100;
@@ -160,10 +159,9 @@ fn threads_sharing_a_file_position_never_write_at_the_same_offset() {
 /// The errors POSIX gives for using a handle the wrong way.
 #[test]
 fn a_handle_used_against_its_mode_or_kind_is_refused_with_the_posix_error() {
-    let Some((_d, path)) = image() else {
+    let Some((_d, _, fs)) = fresh() else {
         return;
     };
-    let fs = Fs::create(&path, 64 << 20).unwrap();
     let errno = |e: std::io::Error| e.raw_os_error();
     fs.write("f", b"data").unwrap();
     fs.create_dir("d").unwrap();
@@ -194,10 +192,9 @@ fn a_handle_used_against_its_mode_or_kind_is_refused_with_the_posix_error() {
 /// consistent after a clean close.
 #[test]
 fn an_unlinked_file_lives_until_its_last_handle_closes() {
-    let Some((_d, path)) = image() else {
+    let Some((_d, path, fs)) = fresh() else {
         return;
     };
-    let fs = Fs::create(&path, 64 << 20).unwrap();
     let empty = fs.statfs().unwrap().blocks_free;
     let f = File::create(&fs, "gone").unwrap();
     f.write_at(&vec![5u8; 3 * 4096], 0).unwrap();

@@ -65,6 +65,13 @@ fn assert_contents(fs: &Fs, path: &str, tag: u8, len: u64) {
     );
 }
 
+/// Closes `fs` cleanly and checks that fsck finds its image consistent.
+fn close_and_fsck(fs: Fs, image: &std::path::Path) {
+    fs.close().expect("close");
+    let report = kucofs_kfs::fsck(image).expect("fsck runs");
+    assert!(report.problems.is_empty(), "{report}");
+}
+
 #[test]
 fn a_full_file_system_refuses_writes_cleanly_and_recovers_room() {
     let Some(dir) = support::shm_dir("kucofs-enospc-") else {
@@ -162,9 +169,7 @@ fn a_full_file_system_refuses_writes_cleanly_and_recovers_room() {
     assert_contents(&fs, "keep", 1, keep_len);
     assert_contents(&fs, "more", 4, CHUNK as u64);
     assert!(!fs.exists("new"));
-    fs.close().unwrap();
-    let report = kucofs_kfs::fsck(&image).expect("fsck runs");
-    assert!(report.problems.is_empty(), "{report}");
+    close_and_fsck(fs, &image);
 }
 
 /// With free space only in single scattered pages, grants hand out one
@@ -219,9 +224,7 @@ fn scattered_free_pages_can_all_be_written() {
     for i in (1..files).step_by(2) {
         assert_contents(&fs, &format!("f{i}"), i as u8, page as u64);
     }
-    fs.close().expect("close");
-    let report = kucofs_kfs::fsck(&image).expect("fsck runs");
-    assert!(report.problems.is_empty(), "{report}");
+    close_and_fsck(fs, &image);
 }
 
 /// An append that the file system can take only part of appends that part
@@ -258,9 +261,7 @@ fn an_append_cut_short_reports_what_it_appended() {
     assert!(is_enospc(&e), "an append to a full file system: {e}");
     assert_contents(&fs, "a", 2, n as u64);
     drop((a, big));
-    fs.close().expect("close");
-    let report = kucofs_kfs::fsck(&dir.path().join("img")).expect("fsck runs");
-    assert!(report.problems.is_empty(), "{report}");
+    close_and_fsck(fs, &dir.path().join("img"));
 }
 
 /// A thread's pool of free pages is its own stock, which other threads

@@ -8,7 +8,7 @@
 mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
 use kucofs::{Config, File, Fs, OpenOptions, Protection};
@@ -324,7 +324,7 @@ fn a_read_never_misses_changes_made_after_the_map_outgrew_its_small_leaf() {
     } else {
         20_000
     };
-    let current: std::sync::Mutex<Option<Arc<File>>> = std::sync::Mutex::new(None);
+    let current: Mutex<Option<Arc<File>>> = Mutex::new(None);
     // Reads completed of the file published last, and a stop flag.
     let fresh_reads = AtomicU64::new(0);
     let done = AtomicU64::new(0);

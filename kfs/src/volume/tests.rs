@@ -210,6 +210,16 @@ fn every_crash_image_of_a_create_recovers_to_before_or_after() {
     }
 }
 
+/// Clients 0 (`ME`) and 1, without views; client 0 has file "f" open for
+/// writing. Returns client 1 and the open.
+fn two_clients_one_writing(v: &mut Volume) -> (Caller, Reply) {
+    v.attach_client(0, None, Default::default());
+    v.attach_client(1, None, Default::default());
+    let f = open_for_write(v, ME, "f");
+    assert_eq!(f.errno, 0);
+    (Caller { client: 1, ..ME }, f)
+}
+
 /// Write leases and pools belong to a client: a second client cannot open a
 /// leased file for writing, nor commit pages of another client's pool, and
 /// a client that goes away gives back its leases, its opens (dropping an
@@ -217,11 +227,7 @@ fn every_crash_image_of_a_create_recovers_to_before_or_after() {
 #[test]
 fn a_detached_client_loses_its_leases_opens_and_pools() {
     let (_dir, _, mut v) = volume();
-    let other = Caller { client: 1, ..ME };
-    v.attach_client(0, None, Default::default());
-    v.attach_client(1, None, Default::default());
-    let f = open_for_write(&mut v, ME, "f");
-    assert_eq!(f.errno, 0);
+    let (other, f) = two_clients_one_writing(&mut v);
     assert_eq!(open_for_write(&mut v, other, "f").errno, libc::ETXTBSY);
     let free = v.pages().free_pages();
     let g = v.handle(&Request::Grant { pages: 8 }, ME);
@@ -437,11 +443,7 @@ fn a_replaced_page_comes_back_to_its_client_still_writable() {
 #[test]
 fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed_right() {
     let (_dir, _, mut v) = volume();
-    let other = Caller { client: 1, ..ME };
-    v.attach_client(0, None, Default::default());
-    v.attach_client(1, None, Default::default());
-    let f = open_for_write(&mut v, ME, "f");
-    assert_eq!(f.errno, 0);
+    let (other, f) = two_clients_one_writing(&mut v);
     let close = |write| Request::Close { ino: f.ino, write };
     assert_eq!(v.handle(&close(false), ME).errno, libc::EBADF);
     assert_eq!(open_for_write(&mut v, other, "f").errno, libc::ETXTBSY);
