@@ -18,8 +18,11 @@
 //!   drop stale translations: the second thread shows what that adds.
 //! - **Persisting 4 KiB** the way a copy-on-write overwrite does
 //!   (non-temporal copy into a page at a random offset, then a fence),
-//!   next to what an in-place overwrite of one cached page costs (a plain
-//!   copy into the same page each time, as a page-cache write does).
+//!   alone and followed by a persisted 64-byte log record (the least a
+//!   durable commit adds: DESIGN §10 persists the data before the record
+//!   that names it), in a small region and at random pages of a 256 MiB
+//!   one; next to what an in-place overwrite of one cached page costs (a
+//!   plain copy into the same page each time, as a page-cache write does).
 //! - **Random 4 KiB reads** through a client's view of an emulated region
 //!   (a shared file mapping, 4 KiB pages), next to the same reads from
 //!   memory mapped with 2 MiB pages where the kernel grants them (a
@@ -27,9 +30,10 @@
 //!   uses large pages). A read of the view at a random page misses the
 //!   TLB.
 //!
-//! - **The kernel's own** 4 KiB `pwrite` in place and `pread` at a random
-//!   page, of the same scratch files (tmpfs when `dir` is under
-//!   `/dev/shm`): what DWOL's and RNDRD's baselines are made of. Their
+//! - **The kernel's own** 4 KiB `pwrite` in place and at a random page,
+//!   and `pread` at a random page, of the same scratch files (tmpfs when
+//!   `dir` is under `/dev/shm`): what DWOL's, RNDWR's and RNDRD's
+//!   baselines are made of. Their
 //!   quotients with the figures above bound the ratios those workloads can
 //!   reach on this machine, whatever the rest of the path costs.
 //!
@@ -58,6 +62,12 @@ const PAGE: u64 = kucofs_common::format::PAGE_SIZE;
 const HUGE: usize = 2 << 20;
 /// A figure [`Medium::bounds`] divides.
 const PERSIST: &str = "persist 4 KiB: non-temporal copy + fence, random page";
+/// A figure [`Medium::bounds`] divides.
+const LOGGED: &str = "persist 4 KiB, then a 64-byte log record: random page";
+/// A figure [`Medium::bounds`] divides.
+const LOGGED_LARGE: &str = "persist 4 KiB + log record: random page of 256 MiB";
+/// A figure [`Medium::bounds`] divides.
+const RANDOM_PWRITE: &str = "kernel: pwrite 4 KiB at a random page of its file";
 /// A figure [`Medium::bounds`] divides.
 const PWRITE: &str = "kernel: pwrite 4 KiB in place, same page of its file";
 /// A figure [`Medium::bounds`] divides.
@@ -137,6 +147,11 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
             per: "4 KiB",
         });
         figures.push(Figure {
+            what: LOGGED.into(),
+            ns: logged_writes(&region, SMALL, &data, 3)?,
+            per: "4 KiB",
+        });
+        figures.push(Figure {
             what: "overwrite 4 KiB in place: cached copy, same page".into(),
             ns: ns_per(
                 100_000,
@@ -177,7 +192,11 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
         },
         per: "4 KiB",
     });
-    let file = std::fs::File::open(&scratch.0).context("open the scratch image")?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&scratch.0)
+        .context("open the scratch image")?;
     figures.push(Figure {
         what: PREAD.into(),
         ns: {
@@ -185,6 +204,23 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
             ns_per(reads, || {
                 file.read_exact_at(&mut buf, rng.below(LARGE / PAGE) * PAGE)?;
                 std::hint::black_box(&buf);
+                Ok(())
+            })?
+        },
+        per: "4 KiB",
+    });
+    let data = vec![0x5au8; PAGE as usize];
+    figures.push(Figure {
+        what: LOGGED_LARGE.into(),
+        ns: logged_writes(&region, LARGE, &data, 4)?,
+        per: "4 KiB",
+    });
+    figures.push(Figure {
+        what: RANDOM_PWRITE.into(),
+        ns: {
+            let mut rng = XorShift64::new(5);
+            ns_per(100_000, || {
+                file.write_all_at(&data, rng.below(LARGE / PAGE) * PAGE)?;
                 Ok(())
             })?
         },
@@ -237,9 +273,11 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
 
 impl Medium {
     /// The most a workload's ratio to the kernel can be on this machine,
-    /// from the kernel's figure over the one step KucoFS cannot skip:
-    /// RNDRD's copy out of a client view, and DWOL's persisted copy (its
-    /// commit, map update and protection come on top).
+    /// from the kernel's figure over the steps KucoFS cannot skip: RNDRD's
+    /// copy out of a client view; DWOL's and RNDWR's persisted copy
+    /// followed by a persisted log record (DESIGN §10: the data is durable
+    /// before the record that names it, and the record before the reply).
+    /// The commit's checks, map update and protection come on top.
     pub fn bounds(&self) -> Vec<(String, f64)> {
         let ns = |what: &str| self.figures.iter().find(|f| f.what == what).map(|f| f.ns);
         let mut out = Vec::new();
@@ -249,9 +287,15 @@ impl Medium {
                 k / v,
             ));
         }
-        if let (Some(k), Some(p)) = (ns(PWRITE), ns(PERSIST)) {
+        if let (Some(k), Some(p)) = (ns(PWRITE), ns(LOGGED)) {
             out.push((
-                "bound on DWOL's ratio (pwrite / persist)".to_string(),
+                "bound on DWOL's ratio (pwrite / persist + log)".to_string(),
+                k / p,
+            ));
+        }
+        if let (Some(k), Some(p)) = (ns(RANDOM_PWRITE), ns(LOGGED_LARGE)) {
+            out.push((
+                "bound on RNDWR's ratio (random pwrite / persist + log)".to_string(),
                 k / p,
             ));
         }
@@ -288,6 +332,24 @@ fn ns_per(n: u64, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<
     }
     rounds.sort_by(f64::total_cmp);
     Ok(rounds[ROUNDS / 2])
+}
+
+/// Nanoseconds per durable 4 KiB write as a copy-on-write commit needs
+/// at least: the data copied non-temporally into a random page of the
+/// `len`-byte `region` and fenced, then a 64-byte record stored into the
+/// region's first MiB (a log, written in order) and fenced.
+fn logged_writes(region: &Region, len: u64, data: &[u8], seed: u64) -> anyhow::Result<f64> {
+    let record = [0xa5u8; 64];
+    let log_slots = (1 << 20) / 64;
+    let (mut rng, mut next) = (XorShift64::new(seed), 0);
+    ns_per(100_000, || {
+        region.write_nt(PAGE * (256 + rng.below(len / PAGE - 256)), data)?;
+        region.fence();
+        region.write_nt(64 * (next % log_slots), &record)?;
+        region.fence();
+        next += 1;
+        Ok(())
+    })
 }
 
 /// Reads every page of a view once, so that later reads pay for a missed
@@ -387,8 +449,8 @@ mod tests {
             return;
         }
         let m = measure(dir).unwrap();
-        assert_eq!(m.figures.len(), 10);
-        assert_eq!(m.bounds().len(), 2, "{}", m.table());
+        assert_eq!(m.figures.len(), 13);
+        assert_eq!(m.bounds().len(), 3, "{}", m.table());
         for f in &m.figures {
             assert!(f.ns.is_finite() && f.ns > 0.0, "{}: {}", f.what, f.ns);
         }

@@ -257,18 +257,27 @@ impl Pages {
         Some(len)
     }
 
+    /// Adds the pages `start..start + len` (already marked free) to the
+    /// free runs, merged with the runs either side. A neighbour's state
+    /// says whether there is a run to merge with, so a page freed between
+    /// pages in use (the usual case: overwrites free scattered pages)
+    /// costs one insertion, not three searches of the runs.
     fn free_run(&mut self, start: u64, len: u64) {
         let mut s = start;
         let mut l = len;
-        if let Some((&ps, &pl)) = self.free.range(..s).next_back() {
-            if ps + pl == s {
-                self.del_run(ps);
-                s = ps;
-                l += pl;
+        if start > self.first && self.state(start - 1) == FREE {
+            if let Some((&ps, &pl)) = self.free.range(..s).next_back() {
+                if ps + pl == s {
+                    self.del_run(ps);
+                    s = ps;
+                    l += pl;
+                }
             }
         }
-        if let Some(nl) = self.del_run(start + len) {
-            l += nl;
+        if start + len < self.end && self.state(start + len) == FREE {
+            if let Some(nl) = self.del_run(start + len) {
+                l += nl;
+            }
         }
         self.add_run(s, l);
     }
@@ -450,6 +459,39 @@ mod tests {
         // With no long run left, a long grant takes a short one.
         p.grant(B, u64::MAX, true).unwrap();
         assert_eq!(p.grant(B, 16, true).unwrap(), (s + 6, 1));
+    }
+
+    #[test]
+    fn a_freed_page_merges_with_the_free_runs_beside_it_and_only_those() {
+        let g = geometry();
+        let mut p = Pages::new(&g, []).unwrap();
+        let (s, n) = p.grant(A, 16, true).unwrap();
+        assert_eq!(n, 16);
+        let pages: Vec<u64> = (s..s + n).collect();
+        p.take(A, &pages).unwrap();
+        let runs = |p: &Pages| -> Vec<(u64, u64)> {
+            p.free
+                .range(s..s + n + 1)
+                .map(|(&a, &l)| (a - s, l.min(n + 1 - (a - s))))
+                .collect()
+        };
+        // Pages 3 and 5 between pages in use: runs of their own. (The
+        // fresh pages after the pool are a run starting at 16.)
+        for q in [3, 5] {
+            p.retire(s + q, 1);
+        }
+        p.reclaim(2);
+        assert_eq!(runs(&p), [(3, 1), (5, 1), (16, 1)]);
+        // 4 joins both neighbours; 6 joins the run on its left; 15 the
+        // fresh run on its right; 0, at the start of the data pages, none.
+        for q in [4, 6, 15, 0] {
+            p.retire(s + q, 3);
+        }
+        p.reclaim(4);
+        assert_eq!(runs(&p), [(0, 1), (3, 4), (15, 2)]);
+        let sum = p.free.values().sum::<u64>();
+        assert_eq!(p.free_pages(), sum);
+        assert_eq!(p.free.len(), 3, "no other run: {:?}", p.free);
     }
 
     #[test]
