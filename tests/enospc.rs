@@ -65,6 +65,16 @@ fn assert_contents(fs: &Fs, path: &str, tag: u8, len: u64) {
     );
 }
 
+/// A fresh small file system in a directory of its own under `/dev/shm`
+/// (removed when dropped): the directory, the image's path and the open
+/// handle; `None` (the test skips) without `/dev/shm`.
+fn small_fs() -> Option<(tempfile::TempDir, std::path::PathBuf, Fs)> {
+    let dir = support::shm_dir("kucofs-enospc-")?;
+    let image = dir.path().join("img");
+    let fs = Fs::create(&image, IMAGE_SIZE).expect("mkfs and open");
+    Some((dir, image, fs))
+}
+
 /// Closes `fs` cleanly and checks that fsck finds its image consistent.
 fn close_and_fsck(fs: Fs, image: &std::path::Path) {
     fs.close().expect("close");
@@ -74,17 +84,15 @@ fn close_and_fsck(fs: Fs, image: &std::path::Path) {
 
 #[test]
 fn a_full_file_system_refuses_writes_cleanly_and_recovers_room() {
-    let Some(dir) = support::shm_dir("kucofs-enospc-") else {
-        return;
-    };
     let g = Geometry::for_size(IMAGE_SIZE).expect("the test's image size is valid");
     assert!(
         g.data.pages * 4096 >= 8 * CHUNK as u64,
         "a {IMAGE_SIZE}-byte image has only {} data pages",
         g.data.pages
     );
-    let image = dir.path().join("img");
-    let fs = Fs::create(&image, IMAGE_SIZE).expect("mkfs and open");
+    let Some((_dir, image, fs)) = small_fs() else {
+        return;
+    };
 
     let keep_len = 3 * 4096 + 100;
     fs.write("keep", pattern(1, 0, keep_len)).unwrap();
@@ -177,12 +185,10 @@ fn a_full_file_system_refuses_writes_cleanly_and_recovers_room() {
 /// commits what it has and asks again, and every free page can be used.
 #[test]
 fn scattered_free_pages_can_all_be_written() {
-    let Some(dir) = support::shm_dir("kucofs-scattered-") else {
+    let Some((_dir, image, fs)) = small_fs() else {
         return;
     };
-    let image = dir.path().join("img");
     let page = 4096usize;
-    let fs = Fs::create(&image, IMAGE_SIZE).expect("mkfs and open");
     // Fill the data area with one-page files.
     let mut files = 0u32;
     loop {
@@ -232,11 +238,10 @@ fn scattered_free_pages_can_all_be_written() {
 /// after it; the next append gets `ENOSPC`.
 #[test]
 fn an_append_cut_short_reports_what_it_appended() {
-    let Some(dir) = support::shm_dir("kucofs-enospc-") else {
+    let Some((_dir, image, fs)) = small_fs() else {
         return;
     };
     let page = 4096u64;
-    let fs = Fs::create(dir.path().join("img"), IMAGE_SIZE).expect("mkfs and open");
     let big = File::create(&fs, "big").expect("create big");
     let len = fill(&big, 1, 0);
     // Eight pages come free (once their grace period ends).
@@ -261,7 +266,7 @@ fn an_append_cut_short_reports_what_it_appended() {
     assert!(is_enospc(&e), "an append to a full file system: {e}");
     assert_contents(&fs, "a", 2, n as u64);
     drop((a, big));
-    close_and_fsck(fs, &dir.path().join("img"));
+    close_and_fsck(fs, &image);
 }
 
 /// A thread's pool of free pages is its own stock, which other threads
@@ -270,11 +275,10 @@ fn an_append_cut_short_reports_what_it_appended() {
 /// can still fill most of what `statfs` reports free.
 #[test]
 fn one_thread_s_pool_leaves_room_for_the_others() {
-    let Some(dir) = support::shm_dir("kucofs-enospc-") else {
+    let Some((_dir, image, fs)) = small_fs() else {
         return;
     };
     let page = 4096usize;
-    let fs = Fs::create(dir.path().join("img"), IMAGE_SIZE).expect("mkfs and open");
     let wrote = std::sync::Barrier::new(4);
     std::thread::scope(|s| {
         let small: Vec<_> = (0..3u8)
@@ -313,4 +317,5 @@ fn one_thread_s_pool_leaves_room_for_the_others() {
         );
         assert_contents(&fs, "last", 9, last);
     });
+    close_and_fsck(fs, &image);
 }

@@ -33,9 +33,9 @@
 //! - **The kernel's own** 4 KiB `pwrite` in place and at a random page,
 //!   and `pread` at a random page, of the same scratch files (tmpfs when
 //!   `dir` is under `/dev/shm`): what DWOL's, RNDWR's and RNDRD's
-//!   baselines are made of. Their
-//!   quotients with the figures above bound the ratios those workloads can
-//!   reach on this machine, whatever the rest of the path costs.
+//!   baselines are made of. Their quotients with the figures above bound
+//!   the ratios those workloads can reach on this machine, whatever the
+//!   rest of the path costs.
 //!
 //! Every figure is nanoseconds per operation, the median of [`ROUNDS`].
 
@@ -60,8 +60,6 @@ const SMALL: u64 = 64 << 20;
 const LARGE: u64 = 256 << 20;
 const PAGE: u64 = kucofs_common::format::PAGE_SIZE;
 const HUGE: usize = 2 << 20;
-/// A figure [`Medium::bounds`] divides.
-const PERSIST: &str = "persist 4 KiB: non-temporal copy + fence, random page";
 /// A figure [`Medium::bounds`] divides.
 const LOGGED: &str = "persist 4 KiB, then a 64-byte log record: random page";
 /// A figure [`Medium::bounds`] divides.
@@ -99,6 +97,7 @@ pub struct Medium {
 /// Measures everything, with scratch images under `dir` (removed after).
 pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
     let mut figures = Vec::new();
+    let data = vec![0x5au8; PAGE as usize];
     {
         let scratch = Scratch::new(dir, "protect")?;
         let region = Region::create(&scratch.0, SMALL, true).context("create a scratch region")?;
@@ -132,10 +131,9 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
             }
         }
 
-        let data = vec![0x5au8; PAGE as usize];
         let pages = SMALL / PAGE;
         figures.push(Figure {
-            what: PERSIST.into(),
+            what: "persist 4 KiB: non-temporal copy + fence, random page".into(),
             ns: {
                 let mut rng = XorShift64::new(1);
                 ns_per(100_000, || {
@@ -209,7 +207,6 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
         },
         per: "4 KiB",
     });
-    let data = vec![0x5au8; PAGE as usize];
     figures.push(Figure {
         what: LOGGED_LARGE.into(),
         ns: logged_writes(&region, LARGE, &data, 4)?,
@@ -339,13 +336,13 @@ fn ns_per(n: u64, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<
 /// `len`-byte `region` and fenced, then a 64-byte record stored into the
 /// region's first MiB (a log, written in order) and fenced.
 fn logged_writes(region: &Region, len: u64, data: &[u8], seed: u64) -> anyhow::Result<f64> {
+    const LOG: u64 = 1 << 20;
     let record = [0xa5u8; 64];
-    let log_slots = (1 << 20) / 64;
     let (mut rng, mut next) = (XorShift64::new(seed), 0);
     ns_per(100_000, || {
-        region.write_nt(PAGE * (256 + rng.below(len / PAGE - 256)), data)?;
+        region.write_nt(LOG + PAGE * rng.below((len - LOG) / PAGE), data)?;
         region.fence();
-        region.write_nt(64 * (next % log_slots), &record)?;
+        region.write_nt(64 * next % LOG, &record)?;
         region.fence();
         next += 1;
         Ok(())

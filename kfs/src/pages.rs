@@ -355,6 +355,16 @@ mod tests {
     const A: Holder = Holder { client: 0, slot: 0 };
     const B: Holder = Holder { client: 0, slot: 1 };
 
+    /// Grants `A` a pool of `n` pages at the bottom of a fresh data area
+    /// and puts them all in a file; returns the first.
+    fn pool_in_a_file(p: &mut Pages, n: u64) -> u64 {
+        let (s, got) = p.grant(A, n, true).unwrap();
+        assert_eq!(got, n);
+        let pages: Vec<u64> = (s..s + n).collect();
+        p.take(A, &pages).unwrap();
+        s
+    }
+
     #[test]
     fn pools_commits_and_grace_periods() {
         let g = geometry();
@@ -440,11 +450,9 @@ mod tests {
     fn freed_pages_are_granted_before_fresh_ones_and_long_grants_skip_short_runs() {
         let g = geometry();
         let mut p = Pages::new(&g, []).unwrap();
-        let (s, n) = p.grant(A, 1024, true).unwrap();
-        assert_eq!(n, 1024);
+        let n = 1024;
         // The pool is committed, then every other page of it replaced.
-        let pages: Vec<u64> = (s..s + n).collect();
-        p.take(A, &pages).unwrap();
+        let s = pool_in_a_file(&mut p, n);
         for q in (s..s + n).step_by(2) {
             p.retire(q, 1);
         }
@@ -465,10 +473,8 @@ mod tests {
     fn a_freed_page_merges_with_the_free_runs_beside_it_and_only_those() {
         let g = geometry();
         let mut p = Pages::new(&g, []).unwrap();
-        let (s, n) = p.grant(A, 16, true).unwrap();
-        assert_eq!(n, 16);
-        let pages: Vec<u64> = (s..s + n).collect();
-        p.take(A, &pages).unwrap();
+        let n = 16;
+        let s = pool_in_a_file(&mut p, n);
         let runs = |p: &Pages| -> Vec<(u64, u64)> {
             p.free
                 .range(s..s + n + 1)

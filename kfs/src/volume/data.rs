@@ -133,23 +133,8 @@ fn each_run(
     }
 }
 
-/// Makes read-only in `view` the pages of `runs` that are still in a file.
-/// Pages replaced since they were committed stay writable: they hold no
-/// file's data, and may come back to this client's pools without a flip
-/// (DESIGN §8, §11).
-fn flip_committed(view: &mut View, runs: &[(u64, u64)], pages: &crate::pages::Pages) {
-    for &(s, l) in runs {
-        each_run(
-            s..s + l,
-            |q| pages.in_file(q),
-            |r, n| {
-                // A failed flip leaves the pages marked writable, as they are.
-                let _ = view.set(r, n, false);
-            },
-        );
-    }
-}
-
+/// One client thread's batch under batched protection: the runs of pages
+/// it committed that are still writable, and how many pages they hold.
 #[derive(Debug, Default)]
 struct Pending {
     runs: Vec<(u64, u64)>,
@@ -208,11 +193,10 @@ impl Volume {
         let Some(mut c) = self.data.clients.remove(&client) else {
             return Ok(());
         };
-        for pend in c.pending.values_mut() {
-            if let Some(v) = &mut c.view {
-                flip_committed(v, &pend.runs, &self.pages);
+        if let Some(v) = &mut c.view {
+            for pend in c.pending.values_mut() {
+                pend.flip(v, &self.pages);
             }
-            pend.clear();
         }
         self.data.leases.retain(|_, &mut c| c != client);
         self.pages.release_client(client);
@@ -581,8 +565,7 @@ impl Volume {
                     pend.pages += l;
                 }
                 if pend.pages >= BATCH_PAGES || batch_expired(pend.since, now) {
-                    flip_committed(v, &pend.runs, &self.pages);
-                    pend.clear();
+                    pend.flip(v, &self.pages);
                 }
             }
         }
@@ -593,12 +576,11 @@ impl Volume {
     pub fn expire_protection(&mut self) {
         let now = now_ns();
         for c in self.data.clients.values_mut() {
+            // Only a client with a view has batches (see `after_commit`).
+            let Some(v) = &mut c.view else { continue };
             for pend in c.pending.values_mut() {
                 if !pend.runs.is_empty() && batch_expired(pend.since, now) {
-                    if let Some(v) = &mut c.view {
-                        flip_committed(v, &pend.runs, &self.pages);
-                    }
-                    pend.clear();
+                    pend.flip(v, &self.pages);
                 }
             }
         }
@@ -613,8 +595,22 @@ fn holder(caller: Caller) -> Holder {
 }
 
 impl Pending {
-    /// Empties the batch (its pages were made read-only).
-    fn clear(&mut self) {
+    /// Ends the batch: makes read-only in `view` its pages that are still
+    /// in a file. Pages replaced since they were committed stay writable:
+    /// they hold no file's data, and may come back to this client's pools
+    /// without a flip (DESIGN §8, §11).
+    fn flip(&mut self, view: &mut View, pages: &crate::pages::Pages) {
+        for &(s, l) in &self.runs {
+            each_run(
+                s..s + l,
+                |q| pages.in_file(q),
+                |r, n| {
+                    // A failed flip leaves the pages marked writable, as
+                    // they are.
+                    let _ = view.set(r, n, false);
+                },
+            );
+        }
         self.runs.clear();
         self.pages = 0;
     }

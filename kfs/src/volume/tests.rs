@@ -276,6 +276,21 @@ fn batched_writer(v: &mut Volume) -> (kucofs_common::pm::RegionView, Reply) {
     (view, f)
 }
 
+/// Grants client 0 (a [`batched_writer`] of `f`) `pages` pool pages and
+/// commits file page 0 of `f` into the first of them, then into the
+/// second, so the first is replaced; then lets the batch expire. Returns
+/// the grant's reply.
+fn replace_a_page_within_a_batch(v: &mut Volume, f: &Reply, pages: u32) -> Reply {
+    let g = v.handle(&Request::Grant { pages }, ME);
+    assert_eq!(g.errno, 0);
+    for page in [g.inode, g.inode + 1] {
+        assert_eq!(v.handle(&commit(f.ino, 0, 1, page, 1), ME).errno, 0);
+    }
+    std::thread::sleep(kucofs_common::pm::BATCH_TIME + std::time::Duration::from_millis(2));
+    v.expire_protection();
+    g
+}
+
 /// The read and write letters ("rw" or "r-") of region page `page` in
 /// `view`, from `/proc/self/maps`.
 fn perms(view: &kucofs_common::pm::RegionView, page: u64) -> String {
@@ -388,22 +403,14 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
 /// to another client, it becomes read-only in the first one's view.
 #[test]
 fn replaced_pages_stay_writable_for_their_client_only() {
-    use kucofs_common::pm::{Protection, BATCH_TIME};
+    use kucofs_common::pm::Protection;
     let (_dir, _, mut v) = volume();
     let (view, f) = batched_writer(&mut v);
     let other_view = v.image().region().view().unwrap();
     let other = Caller { client: 1, ..ME };
     v.attach_client(1, Some(other_view.protector()), Protection::Off);
-    let g = v.handle(&Request::Grant { pages: 64 }, ME);
-    assert_eq!(g.errno, 0);
-    let commit_page = |v: &mut Volume, page: u64| {
-        assert_eq!(v.handle(&commit(f.ino, 0, 1, page, 1), ME).errno, 0);
-    };
     // File page 0 lives in g.inode, then in g.inode + 1.
-    commit_page(&mut v, g.inode);
-    commit_page(&mut v, g.inode + 1);
-    std::thread::sleep(BATCH_TIME + std::time::Duration::from_millis(2));
-    v.expire_protection();
+    let g = replace_a_page_within_a_batch(&mut v, &f, 64);
     assert_eq!(perms(&view, g.inode + 1), "r-", "in the file");
     assert_eq!(perms(&view, g.inode), "rw", "replaced");
     // Once free, the replaced page is the lowest free page; another client
@@ -422,16 +429,10 @@ fn replaced_pages_stay_writable_for_their_client_only() {
 /// first, still writable.
 #[test]
 fn a_replaced_page_comes_back_to_its_client_still_writable() {
-    use kucofs_common::pm::BATCH_TIME;
     let (_dir, _, mut v) = volume();
     let (view, f) = batched_writer(&mut v);
-    let g = v.handle(&Request::Grant { pages: 2 }, ME);
+    let g = replace_a_page_within_a_batch(&mut v, &f, 2);
     assert_eq!((g.errno, g.value), (0, 2));
-    for page in [g.inode, g.inode + 1] {
-        assert_eq!(v.handle(&commit(f.ino, 0, 1, page, 1), ME).errno, 0);
-    }
-    std::thread::sleep(BATCH_TIME + std::time::Duration::from_millis(2));
-    v.expire_protection();
     assert_eq!(perms(&view, g.inode), "rw", "replaced");
     v.reclaim_now();
     let again = v.handle(&Request::Grant { pages: 1 }, ME);
