@@ -23,8 +23,9 @@ const POPULATE_STEP: u64 = 4 << 20;
 /// Fresh index space that is made to exist before a change that allocates
 /// is logged: more than any one change allocates (the most is a
 /// directory's table doubling to its largest size, with a sentinel for
-/// every old bucket; see `worst_change` in the tests). Growing the shared memory only sets its
-/// length, so the room costs no memory until it is used.
+/// every old bucket; see `worst_change` in the tests). Growing the shared
+/// memory only sets its length, so the room costs no memory until it is
+/// used.
 pub const ROOM: u64 = 1 << 30;
 
 /// Most items one reclamation frees.
