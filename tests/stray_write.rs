@@ -147,6 +147,33 @@ fn child_store_into_a_just_written_page() {
     stray_store(addr);
 }
 
+/// Child: makes a file system, waits for the Kfs thread to fall asleep,
+/// writes the file under batched protection, then stops writing and waits a little past the batch's time bound
+/// (well short of how long an idle Kfs thread sleeps otherwise) before
+/// storing into a page it wrote: the Kfs thread must have woken for the
+/// deadline and made the page read-only.
+#[test]
+#[ignore = "a child of the stray-write tests, run by run_child"]
+fn child_store_into_a_page_after_its_batch_expired() {
+    let Some((image, protection)) = child_args() else {
+        return;
+    };
+    assert_eq!(protection, Protection::Batched);
+    kucofs_kfs::mkfs(&image, 16 << 20, false).expect("child: mkfs");
+    let fs = Fs::open_with(&image, config(protection)).expect("child: open");
+    // Long enough for the Kfs thread to finish its start-up work and
+    // fall asleep: the write must wake it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let f = File::create_new(&fs, FILE).expect("child: create the file");
+    assert_eq!(f.write_at(&contents(), 0).unwrap(), LEN);
+    let addr = f
+        .debug_page_address(TARGET)
+        .expect("child: page address")
+        .expect("child: the target byte is in a page");
+    std::thread::sleep(kucofs_common::pm::BATCH_TIME + std::time::Duration::from_millis(40));
+    stray_store(addr);
+}
+
 #[test]
 fn a_stray_store_into_file_data_kills_the_process_and_changes_nothing() {
     let Some(dir) = support::shm_dir("kucofs-stray-") else {
@@ -172,6 +199,20 @@ fn a_stray_store_into_just_written_data_faults_under_strict_protection() {
         "child_store_into_a_just_written_page",
         &image,
         Protection::Strict,
+    );
+    check_after_crash(&image);
+}
+
+#[test]
+fn a_batch_of_written_pages_turns_read_only_on_time_without_further_writes() {
+    let Some(dir) = support::shm_dir("kucofs-stray-") else {
+        return;
+    };
+    let image = dir.path().join("batched.img");
+    run_child(
+        "child_store_into_a_page_after_its_batch_expired",
+        &image,
+        Protection::Batched,
     );
     check_after_crash(&image);
 }

@@ -47,6 +47,15 @@ impl Provisioner {
         }
     }
 
+    /// True if a chunk is due: [`Provisioner::step`] would populate one.
+    pub fn is_due(&self) -> bool {
+        let used = self.index.load_u64(HDR_USED, Ordering::Relaxed);
+        let pos = self.log_pos.load(Ordering::Relaxed);
+        let (mut index_done, mut log_done) = (self.index_done, self.log_done);
+        due(&mut index_done, used, self.index.len()).is_some()
+            || due(&mut log_done, pos, self.log.len()).is_some()
+    }
+
     /// Populates one chunk ahead of use, if any is due; false if all is
     /// provisioned.
     pub fn step(&mut self) -> bool {

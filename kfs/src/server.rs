@@ -12,10 +12,13 @@
 //! through [`Direct`]: it takes the lock the Kfs thread holds while
 //! serving, so there is still exactly one writer at a time and every change
 //! takes the same path (check, durable log entry, apply), but the request
-//! crosses no core.
+//! crosses no core. Such threads also keep house, every
+//! [`DIRECT_HOUSEKEEPING`] requests, while the Kfs thread sleeps: it wakes
+//! when a protection batch reaches its deadline and when they tell it to
+//! populate pages ahead of use (see [`Nudge`]).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,6 +27,7 @@ use kucofs_common::channel::{Doorbell, Segment, SLOTS};
 use kucofs_common::proto::{Creds, Reply, Request, RequestKind, REQUEST_MAX};
 use parking_lot::Mutex;
 
+use crate::namespace::now_ns;
 use crate::provision::Provisioner;
 use crate::volume::{Caller, Readers, Volume};
 use crate::{Error, Result};
@@ -222,6 +226,7 @@ pub struct Kfs {
     next_client: std::sync::atomic::AtomicU32,
     readers: Readers,
     volume: Shared,
+    nudge: Arc<Nudge>,
 }
 
 /// The volume, locked by whoever applies requests (the Kfs thread, or a
@@ -234,6 +239,40 @@ type Shared = Arc<Mutex<Option<Volume>>>;
 pub struct Direct {
     volume: Shared,
     stats: Arc<Stats>,
+    nudge: Arc<Nudge>,
+}
+
+/// Client threads applying requests directly keep house every this many
+/// of them (a round frees about as many replaced pages).
+const DIRECT_HOUSEKEEPING: u64 = 256;
+
+/// How client threads applying requests directly reach the Kfs thread,
+/// which sleeps while they work. They keep house themselves, under the
+/// lock they hold anyway; a Kfs thread waking to do it would run beside
+/// them, and on a machine with few cores that costs them more than the
+/// work: every protection change they make must then interrupt its core
+/// to flush its TLB, and it holds their lock meanwhile. They wake it only
+/// for what must happen in the background (page provisioning) or on time
+/// (a batch's deadline, when the writer stops committing).
+#[derive(Debug)]
+struct Nudge {
+    doorbell: Doorbell,
+    /// Set before the doorbell is rung. SeqCst, as the doorbell's sleeping
+    /// flag: the Kfs thread checks this after saying it sleeps, and a
+    /// nudger rings after setting it, so one of them sees the other.
+    wanted: AtomicBool,
+    /// When the Kfs thread will next look at the open batches ([`now_ns`]
+    /// time). Relaxed: stored and loaded only with the volume's lock held.
+    wakes_at: AtomicI64,
+    /// The page provisioning the Kfs thread runs.
+    provision: Mutex<Option<Provisioner>>,
+}
+
+impl Nudge {
+    fn wake(&self) {
+        self.wanted.store(true, Ordering::SeqCst);
+        self.doorbell.ring();
+    }
 }
 
 impl Direct {
@@ -245,7 +284,27 @@ impl Direct {
         let mut guard = self.volume.lock();
         let volume = guard.as_mut()?;
         let reply = self.stats.served(req.kind(), || volume.handle(req, caller));
-        self.stats.direct.fetch_add(1, Ordering::Relaxed);
+        let n = self.stats.direct.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut wake = false;
+        if n % DIRECT_HOUSEKEEPING == 0 {
+            let freed = volume.keep_house();
+            self.stats
+                .reclaimed
+                .fetch_add(freed as u64, Ordering::Relaxed);
+            // Busy: the Kfs thread is provisioning now.
+            wake = self
+                .nudge
+                .provision
+                .try_lock()
+                .is_some_and(|p| p.as_ref().is_some_and(Provisioner::is_due));
+        }
+        if let Some(deadline) = volume.take_opened_batch() {
+            wake |= deadline < self.nudge.wakes_at.load(Ordering::Relaxed);
+        }
+        drop(guard);
+        if wake {
+            self.nudge.wake();
+        }
         Some(reply)
     }
 }
@@ -261,24 +320,30 @@ impl Kfs {
         let readers = Readers::default();
         let mut volume = volume;
         volume.set_readers(readers.clone());
+        let nudge = Arc::new(Nudge {
+            doorbell: doorbell.map_again().map_err(Error::Region)?,
+            wanted: AtomicBool::new(false),
+            wakes_at: AtomicI64::new(i64::MIN),
+            provision: Mutex::new(Some(volume.provisioner())),
+        });
         let shared: Shared = Arc::new(Mutex::new(Some(volume)));
         let io = Error::Region;
         let bell = doorbell.map_again().map_err(io)?;
         let thread = {
-            let (stop, crash, stats, clients, new_clients, shared) = (
+            let (stop, crash, stats, clients, new_clients, shared, nudge) = (
                 stop.clone(),
                 crash.clone(),
                 stats.clone(),
                 clients.clone(),
                 new_clients.clone(),
                 shared.clone(),
+                nudge.clone(),
             );
             std::thread::Builder::new()
                 .name("kfs".into())
                 .spawn(move || {
-                    let provision = shared.lock().as_ref().map(Volume::provisioner);
                     let mut s = Server {
-                        provision,
+                        nudge,
                         volume: shared.clone(),
                         clients: Vec::new(),
                         doorbell: bell,
@@ -286,6 +351,10 @@ impl Kfs {
                         config,
                     };
                     s.run(&stop, &clients, &new_clients);
+                    // Its hold on the region goes with the thread, as the
+                    // volume's does: a stopped Kfs must not keep the image
+                    // locked for as long as a client keeps a `Direct`.
+                    s.nudge.provision.lock().take();
                     let volume = shared.lock().take();
                     match volume {
                         // A simulated crash: no checkpoint, no clean flag.
@@ -316,6 +385,7 @@ impl Kfs {
             next_client: std::sync::atomic::AtomicU32::new(0),
             readers,
             volume: shared,
+            nudge,
         })
     }
 
@@ -325,6 +395,7 @@ impl Kfs {
         Direct {
             volume: self.volume.clone(),
             stats: self.stats.clone(),
+            nudge: self.nudge.clone(),
         }
     }
 
@@ -396,7 +467,7 @@ impl Drop for Kfs {
 }
 
 struct Server {
-    provision: Option<Provisioner>,
+    nudge: Arc<Nudge>,
     volume: Shared,
     clients: Vec<(u32, Client)>,
     doorbell: Doorbell,
@@ -449,7 +520,13 @@ impl Server {
             }
             // Nothing queued: make pages ready ahead of use, a chunk at a
             // time (direct requests keep allocating while Kfs is idle).
-            if self.provision.as_mut().is_some_and(Provisioner::step) {
+            if self
+                .nudge
+                .provision
+                .lock()
+                .as_mut()
+                .is_some_and(Provisioner::step)
+            {
                 continue;
             }
             let idle = last_work.elapsed();
@@ -458,7 +535,6 @@ impl Server {
             } else if idle < self.config.yield_for {
                 std::thread::yield_now();
             } else {
-                self.keep_house();
                 if idle.min(last_direct.elapsed()) >= self.config.idle_checkpoint {
                     if let Some(v) = self.volume.lock().as_mut() {
                         // Best effort: a failed idle checkpoint is retried
@@ -466,19 +542,16 @@ impl Server {
                         let _ = v.checkpoint_if_dirty();
                     }
                 }
+                let nap = self.keep_house_idle(last_direct.elapsed() < self.config.sleep);
                 let clients = &self.clients;
-                // While client threads apply directly, wake often enough to
-                // keep provisioning ahead of them.
-                let nap = if last_direct.elapsed() < self.config.sleep {
-                    self.config.spin.max(std::time::Duration::from_micros(500))
-                } else {
-                    self.config.sleep
-                };
+                let wanted = &self.nudge.wanted;
                 self.doorbell.sleep(nap, || {
                     stop.load(Ordering::Acquire)
                         || new_clients.load(Ordering::Acquire)
+                        || wanted.load(Ordering::SeqCst)
                         || clients.iter().any(|c| c.1.segment.any_pending())
                 });
+                wanted.store(false, Ordering::SeqCst);
             }
         }
     }
@@ -521,8 +594,33 @@ impl Server {
     fn keep_house(&mut self) {
         let mut guard = self.volume.lock();
         let Some(volume) = guard.as_mut() else { return };
-        volume.expire_protection();
-        let n = volume.reclaim_now();
+        let n = volume.keep_house();
         self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Housekeeping before a sleep: flips the batches that are due, and
+    /// reclaims unless client threads applying directly (`direct`) do it.
+    /// Returns how long to sleep: until the earliest deadline of a batch
+    /// still open, at most [`ServerConfig::sleep`]; that wake-up time is
+    /// published for direct requests (see [`Nudge`]).
+    fn keep_house_idle(&mut self, direct: bool) -> Duration {
+        let mut guard = self.volume.lock();
+        let Some(volume) = guard.as_mut() else {
+            return self.config.sleep;
+        };
+        if direct {
+            volume.expire_protection();
+        } else {
+            let n = volume.keep_house();
+            self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        let now = now_ns();
+        let nap = volume.batch_deadline().map_or(self.config.sleep, |d| {
+            Duration::from_nanos(d.saturating_sub(now).max(0) as u64).min(self.config.sleep)
+        });
+        self.nudge
+            .wakes_at
+            .store(now.saturating_add(nap.as_nanos() as i64), Ordering::Relaxed);
+        nap
     }
 }

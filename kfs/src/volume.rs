@@ -197,6 +197,14 @@ impl Volume {
         &self.pages
     }
 
+    /// A round of housekeeping: flips the protection batches that are due
+    /// and frees what no reader can still see; returns how many index
+    /// items and data pages it freed.
+    pub fn keep_house(&mut self) -> usize {
+        self.expire_protection();
+        self.reclaim_now()
+    }
+
     /// Frees index items and data pages that no client thread can still
     /// be reading; returns how many.
     pub fn reclaim_now(&mut self) -> usize {

@@ -254,6 +254,14 @@ impl Inner {
                 top.0 += k;
             }
         }
+        // The page the next write starts in: the CPU walks the page table
+        // for it while this write goes on. Pool pages recycled after random
+        // overwrites lie scattered, and a walk on the first store of the
+        // copy into one stalls that copy.
+        if let Some(&(next, _)) = pool.last() {
+            self.region
+                .prefetch(next * kucofs_common::format::PAGE_SIZE);
+        }
         Ok(out)
     }
 

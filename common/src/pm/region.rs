@@ -428,6 +428,13 @@ impl RegionView {
         }
     }
 
+    /// Asks the CPU to start loading the cache line at `offset`, and with it
+    /// the page-table entries that map it (a hint: nothing happens for an
+    /// offset outside the region).
+    pub fn prefetch(&self, offset: u64) {
+        self.map.prefetch(offset)
+    }
+
     /// Copies `data` to `offset` with non-temporal stores: persistent after
     /// [`RegionView::fence`]. The pages must be in this client's pool (made
     /// writable by Kfs); a store into any other page faults.

@@ -152,6 +152,12 @@ fn batch_expired(since: i64, now: i64) -> bool {
     now < since || (now - since) as u128 >= BATCH_TIME.as_nanos()
 }
 
+/// The time ([`now_ns`]) by which a batch opened at `since` must be
+/// flipped.
+fn batch_deadline(since: i64) -> i64 {
+    since.saturating_add(BATCH_TIME.as_nanos() as i64)
+}
+
 /// Leases and clients.
 #[derive(Debug, Default)]
 pub(crate) struct DataState {
@@ -159,6 +165,9 @@ pub(crate) struct DataState {
     /// it has the file open for writing).
     leases: IntMap<u64, u32>,
     clients: IntMap<u32, ClientData>,
+    /// The deadline of the batch the last commit opened, until taken by
+    /// [`Volume::take_opened_batch`].
+    opened: Option<i64>,
 }
 
 impl Volume {
@@ -555,6 +564,8 @@ impl Volume {
                 let pend = c.pending.entry(caller.slot).or_default();
                 if pend.runs.is_empty() {
                     pend.since = now;
+                    let d = batch_deadline(now);
+                    self.data.opened = Some(self.data.opened.map_or(d, |o| o.min(d)));
                 }
                 for e in extents.as_slice() {
                     let (s, l) = (e.start, u64::from(e.len));
@@ -569,6 +580,25 @@ impl Volume {
                 }
             }
         }
+    }
+
+    /// The earliest time by which a batch open now must be flipped (by
+    /// [`Volume::expire_protection`] if no commit of its thread does it
+    /// first); `None` if no batch is open.
+    pub fn batch_deadline(&self) -> Option<i64> {
+        self.data
+            .clients
+            .values()
+            .flat_map(|c| c.pending.values())
+            .filter(|p| !p.runs.is_empty())
+            .map(|p| batch_deadline(p.since))
+            .min()
+    }
+
+    /// The deadline of the batch opened by a commit since the last call,
+    /// if one was (the earliest, if several were).
+    pub fn take_opened_batch(&mut self) -> Option<i64> {
+        self.data.opened.take()
     }
 
     /// Makes read-only the committed pages that have stayed writable for
