@@ -164,6 +164,11 @@ impl Pages {
         p >= self.first && p < self.end && self.state(p) == USED
     }
 
+    /// True if page `p` is in a client thread's pool.
+    pub fn in_pool(&self, p: u64) -> bool {
+        p >= self.first && p < self.end && self.state(p) >= POOL
+    }
+
     /// Takes up to `want` free pages, in one run, for `h`'s pool: the
     /// lowest free run, or with `long` the lowest of at least [`LONG`]
     /// pages when there is one. `ENOSPC` if no page is free.

@@ -52,10 +52,12 @@ enum Held {
 }
 
 /// A client's view of the region as Kfs protects it. Writable pages are
-/// its pool pages, its committed pages inside the batched window, and
-/// pages that left a file while writable (under `batched` and `off` those
-/// stay so: no file holds them, and no reader returns their bytes, since a
-/// reader checks after copying that its entries did not change).
+/// its pool pages, its pages committed inside the batched window (and
+/// those of them replaced since, until the batch's flush), and under
+/// `off` every page that was ever in its pools and is in no other
+/// client's now (no reader returns the bytes of a page no file holds,
+/// since a reader checks after copying that its entries did not
+/// change).
 #[derive(Debug)]
 struct View {
     protector: Protector,
@@ -74,39 +76,42 @@ impl View {
         range.into_iter().all(|q| self.held(q) == Held::Writable)
     }
 
-    /// Makes pages `start..start + n` writable (faulting in those the view
-    /// never had) or read-only: one protection change for each run of
-    /// pages not so already. Pages the view never had stay as they are
-    /// when made read-only.
+    /// Makes every page of `start..start + n` writable (faulting in those
+    /// the view never had) or read-only, with one protection change from
+    /// the first page not so already to the last: the pages between that
+    /// are so already lose nothing by being changed again, and a change
+    /// costs far more per call than per page. Pages the view never had stay
+    /// as they are when made read-only.
     fn set(&mut self, start: u64, n: u64, writable: bool) -> Result<(), Errno> {
-        let (want, needs): (Held, fn(Held) -> bool) = if writable {
-            (Held::Writable, |h| h != Held::Writable)
-        } else {
-            (Held::ReadOnly, |h| h == Held::Writable)
+        let needs = |h: Held| match writable {
+            true => h != Held::Writable,
+            false => h == Held::Writable,
         };
         let end = start + n;
-        let mut q = start;
-        while q < end {
-            if !needs(self.held(q)) {
-                q += 1;
-                continue;
+        let Some(r) = (start..end).find(|&q| needs(self.held(q))) else {
+            return Ok(());
+        };
+        let q = (r..end)
+            .rev()
+            .find(|&q| needs(self.held(q)))
+            .map_or(r, |q| q)
+            + 1;
+        self.protector
+            .set(r, q - r, writable)
+            .map_err(|_| Errno::EIO)?;
+        let held = &mut self.held[(r - self.base) as usize..(q - self.base) as usize];
+        if writable {
+            let p = &self.protector;
+            each_run(
+                r..q,
+                |x| held[(x - r) as usize] == Held::Never,
+                |f, k| p.populate(f, k),
+            );
+            held.fill(Held::Writable);
+        } else {
+            for h in held.iter_mut().filter(|h| **h == Held::Writable) {
+                *h = Held::ReadOnly;
             }
-            let r = q;
-            while q < end && needs(self.held(q)) {
-                q += 1;
-            }
-            self.protector
-                .set(r, q - r, writable)
-                .map_err(|_| Errno::EIO)?;
-            if writable {
-                let p = &self.protector;
-                each_run(
-                    r..q,
-                    |x| self.held(x) == Held::Never,
-                    |f, k| p.populate(f, k),
-                );
-            }
-            self.held[(r - self.base) as usize..(q - self.base) as usize].fill(want);
         }
         Ok(())
     }
@@ -624,22 +629,44 @@ fn holder(caller: Caller) -> Holder {
     }
 }
 
+/// A batch's flip spans a gap of at most this many pages between two of
+/// its runs, making the pages in it read-only too (none is in a pool), so
+/// that runs taken from nearby grants cost one protection change.
+const BRIDGE: u64 = 64;
+
 impl Pending {
-    /// Ends the batch: makes read-only in `view` its pages that are still
-    /// in a file. Pages replaced since they were committed stay writable:
-    /// they hold no file's data, and may come back to this client's pools
-    /// without a flip (DESIGN §8, §11).
+    /// Ends the batch: makes its pages read-only in `view`, in as few
+    /// protection changes as the pools allow. Pages in a pool stay
+    /// writable (a page replaced since its commit may be back in one);
+    /// any other page may be made read-only, whether a file holds it or
+    /// not (DESIGN §8, §11).
     fn flip(&mut self, view: &mut View, pages: &crate::pages::Pages) {
+        self.runs.sort_unstable();
+        let mut span: Option<(u64, u64)> = None;
+        let close = |span: (u64, u64), view: &mut View| {
+            // A failed flip leaves the pages marked writable, as they are.
+            let _ = view.set(span.0, span.1 - span.0, false);
+        };
         for &(s, l) in &self.runs {
             each_run(
                 s..s + l,
-                |q| pages.in_file(q),
-                |r, n| {
-                    // A failed flip leaves the pages marked writable, as
-                    // they are.
-                    let _ = view.set(r, n, false);
+                |q| !pages.in_pool(q),
+                |r, n| match span {
+                    Some((a, b))
+                        if r >= b && r - b <= BRIDGE && !(b..r).any(|q| pages.in_pool(q)) =>
+                    {
+                        span = Some((a, r + n));
+                    }
+                    _ => {
+                        if let Some(done) = span.replace((r, r + n)) {
+                            close(done, view);
+                        }
+                    }
                 },
             );
+        }
+        if let Some(done) = span {
+            close(done, view);
         }
         self.runs.clear();
         self.pages = 0;

@@ -398,11 +398,12 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
     v.close().unwrap();
 }
 
-/// Under batched protection, a committed page replaced before its batch
-/// is flushed holds no file's data: the flush leaves it writable. Granted
-/// to another client, it becomes read-only in the first one's view.
+/// Under batched protection, a batch's flush makes read-only every page
+/// it committed, in its file still or replaced since, and leaves the pool
+/// pages between them writable. A replaced page granted to another client
+/// becomes writable for that client only.
 #[test]
-fn replaced_pages_stay_writable_for_their_client_only() {
+fn a_batch_flush_spares_pool_pages_only() {
     use kucofs_common::pm::Protection;
     let (_dir, _, mut v) = volume();
     let (view, f) = batched_writer(&mut v);
@@ -410,34 +411,30 @@ fn replaced_pages_stay_writable_for_their_client_only() {
     let other = Caller { client: 1, ..ME };
     v.attach_client(1, Some(other_view.protector()), Protection::Off);
     // File page 0 lives in g.inode, then in g.inode + 1.
-    let g = replace_a_page_within_a_batch(&mut v, &f, 64);
+    let g = replace_a_page_within_a_batch(&mut v, &f, 4);
     assert_eq!(perms(&view, g.inode + 1), "r-", "in the file");
-    assert_eq!(perms(&view, g.inode), "rw", "replaced");
+    assert_eq!(perms(&view, g.inode), "r-", "replaced");
+    assert_eq!(perms(&view, g.inode + 2), "rw", "in the pool");
     // Once free, the replaced page is the lowest free page; another client
-    // (under `off`, which takes the lowest) gets it, and the first client's
-    // view no longer may write it.
+    // (under `off`, which takes the lowest) gets it, writable for it only.
     v.reclaim_now();
     let o = v.handle(&Request::Grant { pages: 1 }, other);
     assert_eq!(o.errno, 0);
     assert_eq!(o.inode, g.inode);
     assert_eq!(perms(&view, g.inode), "r-");
     assert_eq!(perms(&other_view, g.inode), "rw");
-    v.close().unwrap();
-}
-
-/// A replaced page that stayed writable comes back to its client's pools
-/// first, still writable.
-#[test]
-fn a_replaced_page_comes_back_to_its_client_still_writable() {
-    let (_dir, _, mut v) = volume();
-    let (view, f) = batched_writer(&mut v);
-    let g = replace_a_page_within_a_batch(&mut v, &f, 2);
-    assert_eq!((g.errno, g.value), (0, 2));
-    assert_eq!(perms(&view, g.inode), "rw", "replaced");
-    v.reclaim_now();
-    let again = v.handle(&Request::Grant { pages: 1 }, ME);
-    assert_eq!((again.errno, again.inode), (0, g.inode));
-    assert_eq!(perms(&view, g.inode), "rw");
+    // A batch of two runs with a pool page between them: one flush, and
+    // the pool page stays writable.
+    let g = v.handle(&Request::Grant { pages: 4 }, ME);
+    assert_eq!(g.errno, 0);
+    for (page, at) in [(1, g.inode), (2, g.inode + 2)] {
+        let c = commit(f.ino, page, page * 4096 + 1, at, 1);
+        assert_eq!(v.handle(&c, ME).errno, 0);
+    }
+    std::thread::sleep(kucofs_common::pm::BATCH_TIME + std::time::Duration::from_millis(2));
+    v.expire_protection();
+    let got: Vec<String> = (0..4).map(|i| perms(&view, g.inode + i)).collect();
+    assert_eq!(got, ["r-", "rw", "r-", "rw"]);
     v.close().unwrap();
 }
 
