@@ -226,3 +226,21 @@ fn an_unlinked_file_lives_until_its_last_handle_closes() {
     let report = kucofs_kfs::fsck(&path).unwrap();
     assert!(report.problems.is_empty(), "{report}");
 }
+
+#[test]
+fn a_checkpoint_on_request_is_written_only_when_something_changed() {
+    let Some((_d, path, fs)) = fresh() else {
+        return;
+    };
+    let checkpoints = |fs: &Fs| fs.kfs_stats().unwrap().checkpoints;
+    let before = checkpoints(&fs);
+    fs.write("a", b"kept").unwrap();
+    fs.checkpoint().unwrap();
+    assert_eq!(checkpoints(&fs), before + 1);
+    fs.checkpoint().unwrap();
+    assert_eq!(checkpoints(&fs), before + 1, "nothing changed since");
+    fs.simulate_crash();
+    let fs = Fs::open(&path).unwrap();
+    assert_eq!(fs.read("a").unwrap(), b"kept");
+    fs.close().unwrap();
+}

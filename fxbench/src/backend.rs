@@ -52,6 +52,12 @@ pub trait Backend: fmt::Debug + Send + Sync {
     fn server_counters(&self) -> Option<ServerCounters> {
         None
     }
+    /// Does now, untimed, the background work a run left behind (KucoFS:
+    /// its idle checkpoint), so that it does not run beside the next
+    /// backend's timed phase in this process.
+    fn settle(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// How [`Backend::open_file`] opens a file: the flags of

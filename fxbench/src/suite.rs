@@ -125,7 +125,8 @@ pub fn run_one(
         .map(|(after, before)| after.since(&before));
     let cleanup = fs
         .remove_dir_all(&dir)
-        .map_err(|e| OpFailure::new("remove", &dir, e));
+        .and_then(|()| fs.settle())
+        .map_err(|e| OpFailure::new("remove and settle", &dir, e));
     let outcome = outcome.and_then(|o| cleanup.map(|()| o)).map_err(context)?;
     Ok(Measurement {
         workload,

@@ -427,6 +427,24 @@ impl Kfs {
         s
     }
 
+    /// Writes a checkpoint now if the log holds changes since the last
+    /// one, after freeing what no reader can still see (what Kfs would do
+    /// at its next idle round). True if it checkpointed.
+    pub fn checkpoint(&self) -> Result<bool> {
+        let mut guard = self.volume.lock();
+        let Some(v) = guard.as_mut() else {
+            return Ok(false);
+        };
+        let n = v.keep_house();
+        self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+        v.checkpoint_if_dirty().map_err(|e| {
+            Error::Region(kucofs_common::Error::Unusable {
+                path: "image".into(),
+                why: format!("checkpoint failed: {e}"),
+            })
+        })
+    }
+
     /// Data pages that files hold; `None` once the volume is closed.
     pub fn used_pages(&self) -> Option<u64> {
         self.volume.lock().as_ref().map(|v| v.pages().used_pages())

@@ -388,6 +388,18 @@ impl Fs {
         }
     }
 
+    /// Writes a checkpoint now, if anything changed since the last one:
+    /// recovery then has nothing to replay. Kfs also checkpoints on its
+    /// own when the log fills and when it has been idle for a while; this
+    /// is for a caller that wants that work done at a time of its
+    /// choosing.
+    pub fn checkpoint(&self) -> io::Result<()> {
+        match self.inner.kfs.lock().as_ref() {
+            Some(k) => k.checkpoint().map(drop).map_err(kfs_err),
+            None => Err(err(Errno::ENOTCONN)),
+        }
+    }
+
     /// Kfs's counters (requests served, mean service time per type).
     pub fn kfs_stats(&self) -> Option<StatsSnapshot> {
         self.inner.kfs.lock().as_ref().map(|k| k.stats())

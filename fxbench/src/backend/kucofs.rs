@@ -186,6 +186,10 @@ impl Backend for KucofsBackend {
                 .collect::<BTreeMap<_, _>>(),
         })
     }
+
+    fn settle(&self) -> io::Result<()> {
+        self.fs().checkpoint()
+    }
 }
 
 /// A KucoFS file: the library's own positioned reads and writes, which
