@@ -9,6 +9,7 @@ mod support;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kucofs::{Config, File, Fs, Protection};
 
@@ -126,6 +127,22 @@ fn child_store_into_a_read_page() {
     stray_store(addr);
 }
 
+/// Makes a file system on `image`, opens it with `config`, waits `first`
+/// (the Kfs thread starts meanwhile), and writes the file; returns the
+/// open file system and the address of the target byte's page.
+fn write_fresh_file(image: &Path, config: Config, first: Duration) -> (Fs, usize) {
+    kucofs_kfs::mkfs(image, 16 << 20, false).expect("child: mkfs");
+    let fs = Fs::open_with(image, config).expect("child: open");
+    std::thread::sleep(first);
+    let f = File::create_new(&fs, FILE).expect("child: create the file");
+    assert_eq!(f.write_at(&contents(), 0).unwrap(), LEN);
+    let addr = f
+        .debug_page_address(TARGET)
+        .expect("child: page address")
+        .expect("child: the target byte is in a page");
+    (fs, addr)
+}
+
 /// Child: makes a file system, writes the file under strict protection
 /// (every commit makes its pages read-only at once), and stores into a
 /// page it has just written.
@@ -136,22 +153,16 @@ fn child_store_into_a_just_written_page() {
         return;
     };
     assert_eq!(protection, Protection::Strict);
-    kucofs_kfs::mkfs(&image, 16 << 20, false).expect("child: mkfs");
-    let fs = Fs::open_with(&image, config(protection)).expect("child: open");
-    let f = File::create_new(&fs, FILE).expect("child: create the file");
-    assert_eq!(f.write_at(&contents(), 0).unwrap(), LEN);
-    let addr = f
-        .debug_page_address(TARGET)
-        .expect("child: page address")
-        .expect("child: the target byte is in a page");
+    let (_fs, addr) = write_fresh_file(&image, config(protection), Duration::ZERO);
     stray_store(addr);
 }
 
-/// Child: makes a file system, waits for the Kfs thread to fall asleep,
-/// writes the file under batched protection, then stops writing and waits a little past the batch's time bound
-/// (well short of how long an idle Kfs thread sleeps otherwise) before
-/// storing into a page it wrote: the Kfs thread must have woken for the
-/// deadline and made the page read-only.
+/// Child: opens a fresh file system whose idle Kfs thread sleeps for a
+/// minute at a time, waits for it to finish its start-up work and fall
+/// asleep, writes the file under batched protection, then stops writing
+/// and waits a little past the batch's time bound before storing into a
+/// page it wrote: the write must have woken the Kfs thread, which must
+/// have made the page read-only at the batch's deadline.
 #[test]
 #[ignore = "a child of the stray-write tests, run by run_child"]
 fn child_store_into_a_page_after_its_batch_expired() {
@@ -159,19 +170,27 @@ fn child_store_into_a_page_after_its_batch_expired() {
         return;
     };
     assert_eq!(protection, Protection::Batched);
-    kucofs_kfs::mkfs(&image, 16 << 20, false).expect("child: mkfs");
-    let fs = Fs::open_with(&image, config(protection)).expect("child: open");
-    // Long enough for the Kfs thread to finish its start-up work and
-    // fall asleep: the write must wake it.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let f = File::create_new(&fs, FILE).expect("child: create the file");
-    assert_eq!(f.write_at(&contents(), 0).unwrap(), LEN);
-    let addr = f
-        .debug_page_address(TARGET)
-        .expect("child: page address")
-        .expect("child: the target byte is in a page");
-    std::thread::sleep(kucofs_common::pm::BATCH_TIME + std::time::Duration::from_millis(40));
+    let sleepy = Config {
+        server: kucofs::ServerConfig {
+            sleep: Duration::from_secs(60),
+            ..kucofs::ServerConfig::default()
+        },
+        ..config(protection)
+    };
+    let (_fs, addr) = write_fresh_file(&image, sleepy, Duration::from_millis(300));
+    std::thread::sleep(kucofs_common::pm::BATCH_TIME + Duration::from_millis(40));
     stray_store(addr);
+}
+
+/// Runs child test `name` on a fresh image under `protection`, then
+/// checks the image it left.
+fn run_child_on_a_fresh_image(name: &str, protection: Protection) {
+    let Some(dir) = support::shm_dir("kucofs-stray-") else {
+        return;
+    };
+    let image = dir.path().join(format!("{}.img", protection.name()));
+    run_child(name, &image, protection);
+    check_after_crash(&image);
 }
 
 #[test]
@@ -191,28 +210,13 @@ fn a_stray_store_into_file_data_kills_the_process_and_changes_nothing() {
 
 #[test]
 fn a_stray_store_into_just_written_data_faults_under_strict_protection() {
-    let Some(dir) = support::shm_dir("kucofs-stray-") else {
-        return;
-    };
-    let image = dir.path().join("strict.img");
-    run_child(
-        "child_store_into_a_just_written_page",
-        &image,
-        Protection::Strict,
-    );
-    check_after_crash(&image);
+    run_child_on_a_fresh_image("child_store_into_a_just_written_page", Protection::Strict);
 }
 
 #[test]
 fn a_batch_of_written_pages_turns_read_only_on_time_without_further_writes() {
-    let Some(dir) = support::shm_dir("kucofs-stray-") else {
-        return;
-    };
-    let image = dir.path().join("batched.img");
-    run_child(
+    run_child_on_a_fresh_image(
         "child_store_into_a_page_after_its_batch_expired",
-        &image,
         Protection::Batched,
     );
-    check_after_crash(&image);
 }

@@ -18,7 +18,7 @@
 //! populate pages ahead of use (see [`Nudge`]).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -261,9 +261,6 @@ struct Nudge {
     /// flag: the Kfs thread checks this after saying it sleeps, and a
     /// nudger rings after setting it, so one of them sees the other.
     wanted: AtomicBool,
-    /// When the Kfs thread will next look at the open batches ([`now_ns`]
-    /// time). Relaxed: stored and loaded only with the volume's lock held.
-    wakes_at: AtomicI64,
     /// The page provisioning the Kfs thread runs.
     provision: Mutex<Option<Provisioner>>,
 }
@@ -285,21 +282,15 @@ impl Direct {
         let volume = guard.as_mut()?;
         let reply = self.stats.served(req.kind(), || volume.handle(req, caller));
         let n = self.stats.direct.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut wake = false;
+        let mut wake = volume.take_wake_kfs();
         if n % DIRECT_HOUSEKEEPING == 0 {
-            let freed = volume.keep_house();
-            self.stats
-                .reclaimed
-                .fetch_add(freed as u64, Ordering::Relaxed);
-            // Busy: the Kfs thread is provisioning now.
-            wake = self
+            keep_house(volume, &self.stats);
+            // A provisioning Kfs thread holds the lock, and is awake.
+            wake |= self
                 .nudge
                 .provision
                 .try_lock()
                 .is_some_and(|p| p.as_ref().is_some_and(Provisioner::is_due));
-        }
-        if let Some(deadline) = volume.take_opened_batch() {
-            wake |= deadline < self.nudge.wakes_at.load(Ordering::Relaxed);
         }
         drop(guard);
         if wake {
@@ -323,7 +314,6 @@ impl Kfs {
         let nudge = Arc::new(Nudge {
             doorbell: doorbell.map_again().map_err(Error::Region)?,
             wanted: AtomicBool::new(false),
-            wakes_at: AtomicI64::new(i64::MIN),
             provision: Mutex::new(Some(volume.provisioner())),
         });
         let shared: Shared = Arc::new(Mutex::new(Some(volume)));
@@ -430,19 +420,13 @@ impl Kfs {
     /// Writes a checkpoint now if the log holds changes since the last
     /// one, after freeing what no reader can still see (what Kfs would do
     /// at its next idle round). True if it checkpointed.
-    pub fn checkpoint(&self) -> Result<bool> {
+    pub fn checkpoint(&self) -> std::result::Result<bool, kucofs_common::Errno> {
         let mut guard = self.volume.lock();
         let Some(v) = guard.as_mut() else {
             return Ok(false);
         };
-        let n = v.keep_house();
-        self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
-        v.checkpoint_if_dirty().map_err(|e| {
-            Error::Region(kucofs_common::Error::Unusable {
-                path: "image".into(),
-                why: format!("checkpoint failed: {e}"),
-            })
-        })
+        keep_house(v, &self.stats);
+        v.checkpoint_if_dirty()
     }
 
     /// Data pages that files hold; `None` once the volume is closed.
@@ -610,17 +594,17 @@ impl Server {
     }
 
     fn keep_house(&mut self) {
-        let mut guard = self.volume.lock();
-        let Some(volume) = guard.as_mut() else { return };
-        let n = volume.keep_house();
-        self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(volume) = self.volume.lock().as_mut() {
+            keep_house(volume, &self.stats);
+        }
     }
 
     /// Housekeeping before a sleep: flips the batches that are due, and
     /// reclaims unless client threads applying directly (`direct`) do it.
     /// Returns how long to sleep: until the earliest deadline of a batch
     /// still open, at most [`ServerConfig::sleep`]; that wake-up time is
-    /// published for direct requests (see [`Nudge`]).
+    /// told to the volume, so that a commit opening a batch due sooner
+    /// wakes Kfs (see [`Nudge`]).
     fn keep_house_idle(&mut self, direct: bool) -> Duration {
         let mut guard = self.volume.lock();
         let Some(volume) = guard.as_mut() else {
@@ -629,16 +613,19 @@ impl Server {
         if direct {
             volume.expire_protection();
         } else {
-            let n = volume.keep_house();
-            self.stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+            keep_house(volume, &self.stats);
         }
         let now = now_ns();
         let nap = volume.batch_deadline().map_or(self.config.sleep, |d| {
             Duration::from_nanos(d.saturating_sub(now).max(0) as u64).min(self.config.sleep)
         });
-        self.nudge
-            .wakes_at
-            .store(now.saturating_add(nap.as_nanos() as i64), Ordering::Relaxed);
+        volume.plan_expiry_check(now.saturating_add(nap.as_nanos() as i64));
         nap
     }
+}
+
+/// A round of [`Volume::keep_house`], counted in `stats`.
+fn keep_house(volume: &mut Volume, stats: &Stats) {
+    let n = volume.keep_house();
+    stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
 }

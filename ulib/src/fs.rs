@@ -395,7 +395,7 @@ impl Fs {
     /// choosing.
     pub fn checkpoint(&self) -> io::Result<()> {
         match self.inner.kfs.lock().as_ref() {
-            Some(k) => k.checkpoint().map(drop).map_err(kfs_err),
+            Some(k) => k.checkpoint().map(drop).map_err(err),
             None => Err(err(Errno::ENOTCONN)),
         }
     }

@@ -91,11 +91,7 @@ impl View {
         let Some(r) = (start..end).find(|&q| needs(self.held(q))) else {
             return Ok(());
         };
-        let q = (r..end)
-            .rev()
-            .find(|&q| needs(self.held(q)))
-            .map_or(r, |q| q)
-            + 1;
+        let q = (r..end).rev().find(|&q| needs(self.held(q))).unwrap_or(r) + 1;
         self.protector
             .set(r, q - r, writable)
             .map_err(|_| Errno::EIO)?;
@@ -170,9 +166,12 @@ pub(crate) struct DataState {
     /// it has the file open for writing).
     leases: IntMap<u64, u32>,
     clients: IntMap<u32, ClientData>,
-    /// The deadline of the batch the last commit opened, until taken by
-    /// [`Volume::take_opened_batch`].
-    opened: Option<i64>,
+    /// When Kfs will next make the expired batches read-only
+    /// ([`Volume::plan_expiry_check`]; 0 until it says).
+    expiry_check_at: i64,
+    /// A commit opened a batch due before that check, and Kfs must be
+    /// woken to look at it sooner ([`Volume::take_wake_kfs`]).
+    wake_kfs: bool,
 }
 
 impl Volume {
@@ -569,8 +568,7 @@ impl Volume {
                 let pend = c.pending.entry(caller.slot).or_default();
                 if pend.runs.is_empty() {
                     pend.since = now;
-                    let d = batch_deadline(now);
-                    self.data.opened = Some(self.data.opened.map_or(d, |o| o.min(d)));
+                    self.data.wake_kfs |= batch_deadline(now) < self.data.expiry_check_at;
                 }
                 for e in extents.as_slice() {
                     let (s, l) = (e.start, u64::from(e.len));
@@ -600,10 +598,17 @@ impl Volume {
             .min()
     }
 
-    /// The deadline of the batch opened by a commit since the last call,
-    /// if one was (the earliest, if several were).
-    pub fn take_opened_batch(&mut self) -> Option<i64> {
-        self.data.opened.take()
+    /// Records when Kfs will next call [`Volume::expire_protection`]
+    /// ([`now_ns`] time): a batch opened later with an earlier deadline
+    /// asks for Kfs to be woken ([`Volume::take_wake_kfs`]).
+    pub fn plan_expiry_check(&mut self, at: i64) {
+        self.data.expiry_check_at = at;
+    }
+
+    /// True if a commit since the last call opened a batch due before
+    /// the planned check; the caller wakes Kfs.
+    pub fn take_wake_kfs(&mut self) -> bool {
+        std::mem::take(&mut self.data.wake_kfs)
     }
 
     /// Makes read-only the committed pages that have stayed writable for
@@ -630,7 +635,7 @@ fn holder(caller: Caller) -> Holder {
 }
 
 /// A batch's flip spans a gap of at most this many pages between two of
-/// its runs, making the pages in it read-only too (none is in a pool), so
+/// its runs, making the pages in it read-only too (except pool pages), so
 /// that runs taken from nearby grants cost one protection change.
 const BRIDGE: u64 = 64;
 
@@ -641,32 +646,32 @@ impl Pending {
     /// any other page may be made read-only, whether a file holds it or
     /// not (DESIGN §8, §11).
     fn flip(&mut self, view: &mut View, pages: &crate::pages::Pages) {
-        self.runs.sort_unstable();
-        let mut span: Option<(u64, u64)> = None;
-        let close = |span: (u64, u64), view: &mut View| {
-            // A failed flip leaves the pages marked writable, as they are.
-            let _ = view.set(span.0, span.1 - span.0, false);
-        };
-        for &(s, l) in &self.runs {
+        // Read-only, one change per stretch between pool pages. A failed
+        // change leaves the pages marked writable, as they are.
+        let flip_span = |view: &mut View, (a, b): (u64, u64)| {
             each_run(
-                s..s + l,
+                a..b,
                 |q| !pages.in_pool(q),
-                |r, n| match span {
-                    Some((a, b))
-                        if r >= b && r - b <= BRIDGE && !(b..r).any(|q| pages.in_pool(q)) =>
-                    {
-                        span = Some((a, r + n));
-                    }
-                    _ => {
-                        if let Some(done) = span.replace((r, r + n)) {
-                            close(done, view);
-                        }
-                    }
+                |r, n| {
+                    let _ = view.set(r, n, false);
                 },
             );
+        };
+        self.runs.sort_unstable();
+        let mut span: Option<(u64, u64)> = None;
+        for &(s, l) in &self.runs {
+            span = match span {
+                Some((a, b)) if s <= b + BRIDGE => Some((a, b.max(s + l))),
+                done => {
+                    if let Some(done) = done {
+                        flip_span(view, done);
+                    }
+                    Some((s, s + l))
+                }
+            };
         }
         if let Some(done) = span {
-            close(done, view);
+            flip_span(view, done);
         }
         self.runs.clear();
         self.pages = 0;
