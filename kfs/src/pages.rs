@@ -8,6 +8,8 @@
 //! crash gives back the pools that clients held.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use kucofs_common::channel::SLOTS;
 
@@ -66,6 +68,9 @@ pub struct Pages {
     used: u64,
     /// Replaced pages: (epoch, page), freed once no reader is older.
     waiting: VecDeque<(u64, u64)>,
+    /// One past the highest page ever granted, for the Kfs thread's
+    /// provisioning (which prepares memory ahead of it).
+    high: Arc<AtomicU64>,
 }
 
 impl Pages {
@@ -98,6 +103,7 @@ impl Pages {
             free_count: 0,
             used,
             waiting: VecDeque::new(),
+            high: Arc::new(AtomicU64::new(first)),
         };
         let mut p = first;
         while p < end {
@@ -197,7 +203,15 @@ impl Pages {
         for p in start..start + take {
             self.set(p, mark);
         }
+        // Relaxed: the provisioner reads it as a hint of where grants are
+        // heading; nothing it does depends on seeing the latest value.
+        self.high.fetch_max(start + take, Ordering::Relaxed);
         Ok((start, take))
+    }
+
+    /// One past the highest page granted so far, as it moves.
+    pub fn high_water_handle(&self) -> Arc<AtomicU64> {
+        self.high.clone()
     }
 
     /// Gives back a grant just made, `(start, n)` from [`Pages::grant`],

@@ -44,6 +44,10 @@ pub struct ServerConfig {
     pub sleep: Duration,
     /// Checkpoint after this long without requests, if the log holds any.
     pub idle_checkpoint: Duration,
+    /// For an image on tmpfs: hold the log, the index and the data pages
+    /// in huge pages (2 MiB), made as they come into use (see
+    /// [`Volume::enable_huge_pages`]).
+    pub huge_pages: bool,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +57,7 @@ impl Default for ServerConfig {
             yield_for: Duration::from_millis(2),
             sleep: Duration::from_millis(100),
             idle_checkpoint: Duration::from_millis(500),
+            huge_pages: false,
         }
     }
 }
@@ -311,6 +316,9 @@ impl Kfs {
         let readers = Readers::default();
         let mut volume = volume;
         volume.set_readers(readers.clone());
+        if config.huge_pages {
+            volume.enable_huge_pages();
+        }
         let nudge = Arc::new(Nudge {
             doorbell: doorbell.map_again().map_err(Error::Region)?,
             wanted: AtomicBool::new(false),
@@ -427,6 +435,12 @@ impl Kfs {
         };
         keep_house(v, &self.stats);
         v.checkpoint_if_dirty()
+    }
+
+    /// Bytes of the region and the index held in huge pages (see
+    /// [`ServerConfig::huge_pages`]); `None` once the volume is closed.
+    pub fn huge_bytes(&self) -> Option<u64> {
+        self.volume.lock().as_ref().map(Volume::huge_bytes)
     }
 
     /// Data pages that files hold; `None` once the volume is closed.

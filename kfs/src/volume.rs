@@ -235,14 +235,37 @@ impl Volume {
         &self.log
     }
 
-    /// Background page provisioning for this volume's index and log.
+    /// Background page provisioning for this volume's index, log and data
+    /// pages.
     pub fn provisioner(&self) -> crate::provision::Provisioner {
         crate::provision::Provisioner::new(
             self.ns.arena().shm_handle(),
             self.image.region_handle(),
-            self.log.area(),
-            self.log.position_handle(),
+            (self.log.area(), self.log.position_handle()),
+            (
+                self.image.superblock().geometry.data,
+                self.pages.high_water_handle(),
+            ),
         )
+    }
+
+    /// Lets the log, the index and the data pages live in huge pages, for
+    /// an image on tmpfs: from now on the Kfs thread makes each 2 MiB
+    /// chunk huge as it provisions the log and the index ahead of use,
+    /// and the data pages ahead of the highest grant (see `provision`).
+    /// Random access over many pages then misses the TLB far less. The
+    /// price is memory in 2 MiB steps, and the time to clear each huge
+    /// page, which is far longer than its share of small pages while the
+    /// machine's memory is cold (a virtual machine whose host takes freed
+    /// memory back). True if the region can have huge pages.
+    pub fn enable_huge_pages(&self) -> bool {
+        let index = self.ns.arena().shm_handle().enable_huge_pages();
+        self.image.region().enable_huge_pages() && index
+    }
+
+    /// Bytes of the region and of the index held in huge pages.
+    pub fn huge_bytes(&self) -> u64 {
+        self.image.region().huge_bytes() + self.ns.arena().shm_handle().huge_bytes()
     }
 
     /// What recovery replayed when the volume was opened.

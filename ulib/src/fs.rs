@@ -400,6 +400,16 @@ impl Fs {
         }
     }
 
+    /// Bytes of the image and of the index that huge pages hold, with
+    /// [`ServerConfig::huge_pages`](kucofs_kfs::ServerConfig::huge_pages)
+    /// set (zero without it, or where the kernel makes none).
+    pub fn huge_page_bytes(&self) -> io::Result<u64> {
+        match self.inner.kfs.lock().as_ref() {
+            Some(k) => k.huge_bytes().ok_or_else(|| err(Errno::ENOTCONN)),
+            None => Err(err(Errno::ENOTCONN)),
+        }
+    }
+
     /// Kfs's counters (requests served, mean service time per type).
     pub fn kfs_stats(&self) -> Option<StatsSnapshot> {
         self.inner.kfs.lock().as_ref().map(|k| k.stats())

@@ -4,8 +4,11 @@
 //! This file holds the only raw pointers into mapped memory in the crate.
 
 use std::marker::PhantomData;
+use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use rustix::mm::{MapFlags, ProtFlags};
 
 use super::cpu::{self, FlushInstr};
 use crate::{Error, Result};
@@ -23,12 +26,75 @@ pub enum WordOp {
     Swap,
 }
 
+/// The size of a huge page: what one page-directory entry maps on x86-64.
+/// Mappings start at a multiple of it, so that the kernel can map every
+/// aligned 2 MiB of the file that its page cache holds in one huge page
+/// with a single TLB entry instead of 512. Random access over a large file
+/// then misses the TLB far less, and each miss walks one level less.
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// `madvise(MADV_COLLAPSE)` (Linux 6.1): back a range with huge pages now,
+/// copying what it holds into them. The libc crate does not name it.
+const MADV_COLLAPSE: libc::c_int = 25;
+
 /// An owned `mmap` of an image or shared segment; unmapped on drop.
 #[derive(Debug)]
 pub(super) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     writable: bool,
+    /// For a writable mapping of a tmpfs file: whether huge pages were
+    /// asked for, and which of its [`HUGE_PAGE`] chunks were made huge.
+    huge: Option<HugeChunks>,
+}
+
+/// What became of each [`HUGE_PAGE`] chunk of a mapping asked to be huge.
+/// The bits are hints that decide only whether to ask the kernel again:
+/// no memory contents depend on them, so every access is Relaxed.
+#[derive(Debug)]
+struct HugeChunks {
+    /// The mapping's owner asked for huge pages ([`Mapping::enable_huge`]).
+    enabled: AtomicBool,
+    /// Bit `c`: chunk `c` was handed to the kernel to be made huge.
+    tried: Box<[AtomicU64]>,
+    /// Bit `c`: the kernel made chunk `c` huge.
+    made: Box<[AtomicU64]>,
+    /// The kernel cannot make this file's pages huge at all (a kernel
+    /// before 6.1, or huge pages turned off for shared memory).
+    refused: AtomicBool,
+}
+
+impl HugeChunks {
+    fn new(chunks: usize) -> HugeChunks {
+        let words = || {
+            (0..chunks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect()
+        };
+        HugeChunks {
+            enabled: AtomicBool::new(false),
+            tried: words(),
+            made: words(),
+            refused: AtomicBool::new(false),
+        }
+    }
+
+    fn bit(bits: &[AtomicU64], c: usize) -> bool {
+        bits[c / 64].load(Ordering::Relaxed) & (1 << (c % 64)) != 0
+    }
+
+    /// Sets bit `c`; true if this call set it.
+    fn set(bits: &[AtomicU64], c: usize) -> bool {
+        let b = 1 << (c % 64);
+        bits[c / 64].fetch_or(b, Ordering::Relaxed) & b == 0
+    }
+}
+
+/// True if `fd` is a file of tmpfs (or a memfd, which lives there too):
+/// the file systems whose page cache `MADV_COLLAPSE` can make huge
+/// whatever their mount options say.
+pub(super) fn on_tmpfs(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fstatfs(fd).is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC)
 }
 
 // SAFETY: a Mapping is a plain range of process memory with no thread
@@ -40,14 +106,73 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Takes ownership of a mapping made by the region.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` must be the start of a live `mmap` of exactly `len` bytes that
-    /// nothing else unmaps, readable, and writable if `writable` is set.
-    pub(super) unsafe fn from_raw(ptr: NonNull<u8>, len: usize, writable: bool) -> Mapping {
-        Mapping { ptr, len, writable }
+    /// Maps `len` bytes of `fd` from its start with `prot` and `flags`
+    /// (shared), at an address that is a multiple of [`HUGE_PAGE`]: the
+    /// kernel maps a huge page only where the address and the file offset
+    /// agree modulo its size. The mapping is made inside a reservation of
+    /// `len + HUGE_PAGE` inaccessible bytes, and the reservation's slack on
+    /// either side is returned.
+    pub(super) fn map_aligned(
+        fd: BorrowedFd<'_>,
+        len: usize,
+        prot: ProtFlags,
+        flags: MapFlags,
+    ) -> rustix::io::Result<Mapping> {
+        let span = len.checked_add(HUGE_PAGE).ok_or(rustix::io::Errno::NOMEM)?;
+        // SAFETY: a fresh inaccessible anonymous mapping chosen by the kernel
+        // (null hint) aliases nothing; this function owns it until it is
+        // replaced or unmapped below.
+        let base = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                span,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }?;
+        let head = (base as usize).next_multiple_of(HUGE_PAGE) - base as usize;
+        let at = base.cast::<u8>().wrapping_add(head);
+        // SAFETY: `[at, at + len)` lies inside the reservation just made,
+        // which nothing else uses; MAP_FIXED replaces that part of it.
+        let mapped =
+            unsafe { rustix::mm::mmap(at.cast(), len, prot, flags | MapFlags::FIXED, fd, 0) };
+        if let Err(e) = mapped {
+            // SAFETY: the whole reservation is this function's: unmapping
+            // it (or what a failed MAP_FIXED left of it) touches nothing else.
+            let _ = unsafe { rustix::mm::munmap(base, span) };
+            return Err(e);
+        }
+        if head > 0 {
+            // SAFETY: the slack before `at` is part of the reservation,
+            // which nothing else uses.
+            let _ = unsafe { rustix::mm::munmap(base, head) };
+        }
+        // SAFETY: the slack after `at + len` is the rest of the reservation.
+        let _ = unsafe { rustix::mm::munmap(at.wrapping_add(len).cast(), HUGE_PAGE - head) };
+        let ptr = NonNull::new(at).ok_or(rustix::io::Errno::NOMEM)?;
+        Ok(Mapping {
+            ptr,
+            len,
+            writable: prot.contains(ProtFlags::WRITE),
+            huge: None,
+        })
+    }
+
+    /// Marks a writable mapping of a tmpfs file (see [`on_tmpfs`]) as one
+    /// that may have huge pages, once [`Mapping::enable_huge`] asks.
+    pub(super) fn allow_huge(&mut self) {
+        if self.writable {
+            self.huge = Some(HugeChunks::new(self.len / HUGE_PAGE));
+        }
+    }
+
+    /// Lets [`Mapping::make_huge`] ask the kernel for huge pages from now
+    /// on; false if this mapping cannot have them.
+    pub(super) fn enable_huge(&self) -> bool {
+        self.huge.as_ref().is_some_and(|h| {
+            h.enabled.store(true, Ordering::Relaxed);
+            true
+        })
     }
 
     pub(super) fn len(&self) -> usize {
@@ -182,6 +307,95 @@ impl Mapping {
                 rustix::mm::Advice::LinuxPopulateWrite,
             )
         };
+    }
+
+    /// Asks the kernel to hold each [`HUGE_PAGE`] chunk overlapping
+    /// `[offset, offset + len)` in one huge page (`MADV_COLLAPSE`), and to
+    /// map it so here. Contents are unchanged: the kernel copies what a
+    /// chunk holds into its huge page and zeroes the rest, as holes read.
+    /// A chunk is asked for once: the kernel keeps a chunk huge as long as
+    /// the file is not cut inside it, and every other mapping of the file
+    /// then maps it huge at its next fault there. Chunks reaching past
+    /// `limit` (the file's end) are left alone.
+    ///
+    /// True if every chunk of the range is huge now; false if any is not,
+    /// or if huge pages were not enabled (the caller then populates the
+    /// range as usual).
+    pub(super) fn make_huge(&self, offset: u64, len: u64, limit: u64) -> bool {
+        if len == 0 || !self.can_make_huge() {
+            return false;
+        }
+        let Some(h) = &self.huge else { return false };
+        let limit = limit.min(self.len as u64);
+        let size = HUGE_PAGE as u64;
+        let first = offset / size;
+        let Some(end) = offset.checked_add(len).map(|e| e.div_ceil(size)) else {
+            return false;
+        };
+        let mut all = true;
+        for c in first..end {
+            if (c + 1) * size > limit {
+                all = false;
+                continue;
+            }
+            let c = c as usize;
+            if HugeChunks::bit(&h.made, c) {
+                continue;
+            }
+            // Only the thread that marks a chunk tried asks for it; others
+            // take it as not huge (yet).
+            if !HugeChunks::set(&h.tried, c) || !self.collapse(c, h) {
+                all = false;
+                continue;
+            }
+            HugeChunks::set(&h.made, c);
+        }
+        all
+    }
+
+    /// Makes chunk `c` huge; false if the kernel would not.
+    fn collapse(&self, c: usize, h: &HugeChunks) -> bool {
+        let at = self.at(c * HUGE_PAGE);
+        // A chunk the file holds no page of is no candidate for the kernel:
+        // give it one first.
+        // SAFETY: `[at, at + 4096)` lies inside this live writable mapping
+        // (`make_huge` checked the chunk's end against the length);
+        // populating a page changes no contents (a hole reads as zeros).
+        let _ =
+            unsafe { rustix::mm::madvise(at.cast(), 4096, rustix::mm::Advice::LinuxPopulateWrite) };
+        // SAFETY: the chunk lies inside this live mapping; collapsing
+        // changes which memory backs it, never what it holds.
+        let r = unsafe { libc::madvise(at.cast(), HUGE_PAGE, MADV_COLLAPSE) };
+        if r == 0 {
+            return true;
+        }
+        // EINVAL for a chunk that holds a page means no huge pages here at
+        // all; others (EAGAIN, ENOMEM) are about this chunk, this time.
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+            h.refused.store(true, Ordering::Relaxed);
+        }
+        false
+    }
+
+    /// True if huge pages were enabled for the mapping and the kernel has
+    /// not refused them.
+    pub(super) fn can_make_huge(&self) -> bool {
+        self.huge.as_ref().is_some_and(|h| {
+            h.enabled.load(Ordering::Relaxed) && !h.refused.load(Ordering::Relaxed)
+        })
+    }
+
+    /// How many bytes of the mapping are held in huge pages the kernel
+    /// made at this mapping's request.
+    pub(super) fn huge_bytes(&self) -> u64 {
+        self.huge.as_ref().map_or(0, |h| {
+            let chunks: u32 = h
+                .made
+                .iter()
+                .map(|w| w.load(Ordering::Relaxed).count_ones())
+                .sum();
+            u64::from(chunks) * HUGE_PAGE as u64
+        })
     }
 
     /// Changes the protection of the whole pages `[offset, offset + len)`

@@ -16,7 +16,7 @@ mod region;
 mod shm;
 
 pub use cpu::FlushInstr;
-pub use mapping::Media;
+pub use mapping::{Media, HUGE_PAGE};
 pub use persist::{Hardware, Persist};
 pub use recorder::{InFlight, InFlightKind, Recorder};
 pub use region::{MapMode, Protection, Protector, Region, RegionView, BATCH_PAGES, BATCH_TIME};

@@ -5,17 +5,17 @@
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rustix::fs::{flock, FlockOperation};
 use rustix::io::Errno;
-use rustix::mm::{mmap, MapFlags, ProtFlags};
+use rustix::mm::{MapFlags, ProtFlags};
 
-use super::mapping::{Mapping, Media};
+use super::mapping::{on_tmpfs, Mapping, Media};
 use super::persist::{Hardware, Persist};
 use crate::{Error, Result};
 
@@ -258,8 +258,41 @@ impl Region {
     /// Allocates and maps the pages of a range now rather than at their
     /// first store (emulated regions allocate memory on first touch; a
     /// batch costs far less than a fault per page). Contents are unchanged.
+    /// With huge pages enabled, an image on tmpfs gets them for the whole
+    /// 2 MiB chunks around the range instead (see [`Region::make_huge`]).
     pub fn prefault(&self, offset: u64, len: u64) {
-        self.map.populate(offset, len);
+        if !self.make_huge(offset, len) {
+            self.map.populate(offset, len);
+        }
+    }
+
+    /// Lets the region use huge pages ([`Region::make_huge`]): an image on
+    /// tmpfs only (a DAX device maps huge pages by itself, its mapping
+    /// being aligned for them). False if this image cannot have them.
+    pub fn enable_huge_pages(&self) -> bool {
+        self.map.enable_huge()
+    }
+
+    /// With huge pages enabled, for an image on tmpfs: holds each 2 MiB
+    /// chunk overlapping the range in one huge page from now on,
+    /// allocating it now (contents unchanged), so that every mapping of
+    /// the image, a client's view included, reaches the chunk through one
+    /// TLB entry. Each chunk is asked for once. True if every chunk of the
+    /// range is huge; false for other images, or where the kernel would
+    /// not (before Linux 6.1, huge pages turned off, or none free).
+    pub fn make_huge(&self, offset: u64, len: u64) -> bool {
+        self.map.make_huge(offset, len, self.len())
+    }
+
+    /// True if [`Region::make_huge`] may still succeed: huge pages enabled
+    /// for an image on tmpfs, and a kernel that has not refused them.
+    pub fn can_make_huge(&self) -> bool {
+        self.map.can_make_huge()
+    }
+
+    /// How many bytes of the image this region made huge pages.
+    pub fn huge_bytes(&self) -> u64 {
+        self.map.huge_bytes()
     }
 
     /// A second, read-only mapping of the same image, as a client maps it.
@@ -548,36 +581,25 @@ fn map_file(file: &File, path: &Path, len: u64, writable: bool) -> Result<(Mappi
     } else {
         ProtFlags::READ
     };
-    // SAFETY: a fresh mapping chosen by the kernel (null hint) aliases no Rust
-    // object; ownership of it passes to `Mapping` below.
-    let sync = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            MapFlags::SHARED_VALIDATE | MapFlags::SYNC,
-            file,
-            0,
-        )
-    };
-    let (ptr, mode) = match sync {
-        Ok(p) => (p, MapMode::Dax),
+    let sync = Mapping::map_aligned(
+        file.as_fd(),
+        len,
+        prot,
+        MapFlags::SHARED_VALIDATE | MapFlags::SYNC,
+    );
+    let (mut map, mode) = match sync {
+        Ok(m) => (m, MapMode::Dax),
         // Not DAX (EOPNOTSUPP), or a kernel without MAP_SYNC (EINVAL).
         Err(Errno::OPNOTSUPP | Errno::INVAL) => {
-            // SAFETY: as above.
-            let p = unsafe { mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, file, 0) }
+            let m = Mapping::map_aligned(file.as_fd(), len, prot, MapFlags::SHARED)
                 .map_err(|e| Error::io("map image", path, e.into()))?;
-            (p, MapMode::Emulated)
+            (m, MapMode::Emulated)
         }
         Err(e) => return Err(Error::io("map image", path, e.into())),
     };
-    let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| Error::Unusable {
-        path: path.into(),
-        why: "the kernel mapped the image at address zero".into(),
-    })?;
-    // SAFETY: `ptr` is the start of the live `len`-byte mapping just made with
-    // `prot`; nothing else holds it.
-    let map = unsafe { Mapping::from_raw(ptr, len, writable) };
+    if mode == MapMode::Emulated && on_tmpfs(file.as_fd()) {
+        map.allow_huge();
+    }
     Ok((map, mode))
 }
 
@@ -591,6 +613,75 @@ mod tests {
             .tempdir_in("/dev/shm")
             .or_else(|_| tempfile::tempdir())
             .unwrap()
+    }
+
+    /// The kibibytes of the mapping starting at `addr` that huge page
+    /// table entries map, from `/proc/self/smaps`.
+    fn pmd_mapped_kib(addr: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let head = format!("{addr:x}-");
+        let vma = smaps
+            .split_inclusive('\n')
+            .skip_while(|l| !l.starts_with(&head))
+            .take_while(|l| !l.starts_with("VmFlags"))
+            .collect::<String>();
+        vma.lines()
+            .find_map(|l| l.strip_prefix("ShmemPmdMapped:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn huge_pages_come_only_when_enabled_and_keep_every_byte() {
+        let dir = shm_dir();
+        let path = dir.path().join("img");
+        let r = Region::create(&path, 8 << 20, false).unwrap();
+        // Mappings start on a huge-page boundary, the view's too.
+        assert_eq!(r.map.addr() % crate::pm::HUGE_PAGE, 0);
+        let view = r.view().unwrap();
+        assert_eq!(view.map.addr() % crate::pm::HUGE_PAGE, 0);
+        let data: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+        let at = (2 << 20) - 4096;
+        r.write(at, &data).unwrap();
+        // Not enabled: nothing is asked of the kernel.
+        assert!(!r.can_make_huge());
+        assert!(!r.make_huge(0, 8 << 20));
+        assert_eq!(r.huge_bytes(), 0);
+        if !dir.path().starts_with("/dev/shm") {
+            println!("SKIPPED: no tmpfs under /dev/shm for huge pages");
+            return;
+        }
+        assert!(r.enable_huge_pages());
+        // The chunks the range overlaps: the first two of four.
+        if !r.make_huge(at, 8192) {
+            assert!(
+                !r.can_make_huge(),
+                "a chunk failed, yet the kernel did not refuse"
+            );
+            println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+            return;
+        }
+        assert_eq!(r.huge_bytes(), 4 << 20);
+        // The kernel maps them huge here (and only they are huge so far).
+        assert_eq!(pmd_mapped_kib(r.map.addr()), 4096);
+        // Asked again: nothing more to do, and still true.
+        assert!(r.make_huge(0, 4 << 20));
+        assert_eq!(r.huge_bytes(), 4 << 20);
+        let mut back = vec![0u8; data.len()];
+        r.read(at, &mut back).unwrap();
+        assert_eq!(back, data);
+        view.read(at, &mut back).unwrap();
+        assert_eq!(back, data);
+        // A hole made huge reads as zeros; the chunk reaching past the
+        // end of a range is made whole.
+        let mut zeros = vec![1u8; 4096];
+        r.read(0, &mut zeros).unwrap();
+        assert!(zeros.iter().all(|&b| b == 0));
+        assert!(r.make_huge(6 << 20, 1));
+        assert_eq!(r.huge_bytes(), 6 << 20);
+        // Past the end: refused, nothing made.
+        assert!(!r.make_huge(8 << 20, 4096));
+        assert_eq!(r.huge_bytes(), 6 << 20);
     }
 
     #[test]

@@ -7,14 +7,13 @@
 
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
-use rustix::mm::{mmap, MapFlags, ProtFlags};
+use rustix::mm::{MapFlags, ProtFlags};
 
-use super::mapping::{Mapping, WordOp};
+use super::mapping::{on_tmpfs, Mapping, WordOp};
 use crate::{Error, Result};
 
 /// Read access to shared words, as the index readers need it: loads that
@@ -65,22 +64,12 @@ fn map_fd(fd: BorrowedFd<'_>, name: &str, len: u64, writable: bool) -> Result<Ma
     } else {
         ProtFlags::READ
     };
-    // SAFETY: a fresh kernel-chosen mapping aliases no Rust object; ownership
-    // passes to the Mapping below.
-    let p = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            n,
-            prot,
-            MapFlags::SHARED | MapFlags::NORESERVE,
-            fd,
-            0,
-        )
+    let mut map = Mapping::map_aligned(fd, n, prot, MapFlags::SHARED | MapFlags::NORESERVE)
+        .map_err(|e| Error::io("map shared memory", name, e.into()))?;
+    if writable && on_tmpfs(fd) {
+        map.allow_huge();
     }
-    .map_err(|e| Error::io("map shared memory", name, e.into()))?;
-    let p = NonNull::new(p.cast::<u8>()).ok_or_else(|| bad("mapped at address zero".into()))?;
-    // SAFETY: `p` starts the live `n`-byte mapping just made with `prot`.
-    Ok(unsafe { Mapping::from_raw(p, n, writable) })
+    Ok(map)
 }
 
 impl Shm {
@@ -122,6 +111,17 @@ impl Shm {
         Ok(ShmView {
             map: map_fd(self.fd.as_fd(), &self.name, self.reserve, false)?,
         })
+    }
+
+    /// Lets [`Shm::populate`] make the memory huge pages (2 MiB each, one
+    /// TLB entry for what takes 512 small pages); false if it cannot.
+    pub fn enable_huge_pages(&self) -> bool {
+        self.map.enable_huge()
+    }
+
+    /// How many bytes of the segment were made huge pages.
+    pub fn huge_bytes(&self) -> u64 {
+        self.map.huge_bytes()
     }
 
     /// Current size in bytes.
@@ -195,9 +195,11 @@ impl Shm {
 
     /// Allocates and maps the pages of a range now rather than at their
     /// first touch.
+    /// With huge pages enabled, this makes the memory huge pages instead
+    /// (see [`Region::prefault`](super::Region::prefault)).
     pub fn populate(&self, offset: u64, len: u64) {
         let end = offset.saturating_add(len).min(self.len());
-        if end > offset {
+        if end > offset && !self.map.make_huge(offset, end - offset, self.len()) {
             self.map.populate(offset, end - offset);
         }
     }

@@ -6,8 +6,9 @@
 //! change goes to the Kfs thread through the request slots, even when Kfs is
 //! idle), `nohints` (collaborative indexing off: Kfs resolves every queued
 //! path itself), `protect=strict|batched|off` (the library's
-//! `Config::protection`), `size=SIZE` (the image's size, default 8G; the
-//! file is sparse), `image=PATH` (where to make it).
+//! `Config::protection`), `huge` (the log, index and data pages in huge
+//! pages: `ServerConfig::huge_pages`), `size=SIZE` (the image's size,
+//! default 8G; the file is sparse), `image=PATH` (where to make it).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -35,6 +36,7 @@ struct Options {
     collaborative: bool,
     direct: bool,
     protection: Protection,
+    huge: bool,
     size: u64,
     image: PathBuf,
 }
@@ -46,6 +48,7 @@ impl Options {
             collaborative: true,
             direct: true,
             protection: Protection::default(),
+            huge: false,
             size: 8 << 30,
             // One image per backend of a run: a run may list several.
             image: PathBuf::from(format!(
@@ -58,12 +61,13 @@ impl Options {
             match opt.split_once('=') {
                 None if opt == "nohints" => options.collaborative = false,
                 None if opt == "queued" => options.direct = false,
+                None if opt == "huge" => options.huge = true,
                 Some(("protect", v)) => options.protection = v.parse()?,
                 Some(("size", v)) => options.size = kucofs_common::size::parse_size(v)?,
                 Some(("image", v)) => options.image = PathBuf::from(v),
                 _ => {
                     return Err(format!(
-                        "unknown option `{opt}` (expected queued, nohints, \
+                        "unknown option `{opt}` (expected queued, nohints, huge, \
                          protect={}, size=SIZE or image=PATH)",
                         Protection::ALL.map(Protection::name).join("|")
                     ))
@@ -75,12 +79,14 @@ impl Options {
 
     /// The library configuration these options ask for.
     fn config(&self) -> Config {
-        Config {
+        let mut config = Config {
             collaborative: self.collaborative,
             direct: self.direct,
             protection: self.protection,
             ..Config::default()
-        }
+        };
+        config.server.huge_pages = self.huge;
+        config
     }
 }
 
@@ -228,19 +234,22 @@ mod tests {
 
     #[test]
     fn options_are_parsed_in_any_order() {
-        let o = Options::parse("protect=batched+queued+size=64M+image=/tmp/x.img+nohints").unwrap();
+        let o = Options::parse("protect=batched+queued+size=64M+image=/tmp/x.img+nohints+huge")
+            .unwrap();
         assert_eq!(
             o,
             Options {
                 collaborative: false,
                 direct: false,
                 protection: Protection::Batched,
+                huge: true,
                 size: 64 << 20,
                 image: PathBuf::from("/tmp/x.img"),
             }
         );
         let d = Options::parse("").unwrap();
-        assert!(d.collaborative && d.direct);
+        assert!(d.collaborative && d.direct && !d.huge);
+        assert!(o.config().server.huge_pages && !d.config().server.huge_pages);
         assert_eq!(d.protection, Protection::default());
         assert_eq!(d.size, 8 << 30);
         for p in Protection::ALL {
