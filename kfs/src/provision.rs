@@ -71,52 +71,66 @@ impl Provisioner {
 
     /// True if a chunk is due: [`Provisioner::step`] would populate one.
     pub fn is_due(&self) -> bool {
-        let used = self.index.load_u64(HDR_USED, Ordering::Relaxed);
-        let pos = self.log_pos.load(Ordering::Relaxed);
-        let (mut index_done, mut log_done) = (self.index_done, self.log_done);
-        let mut data_done = self.data_done;
-        due(&mut index_done, used, self.index.len(), CHUNK).is_some()
-            || due(&mut log_done, pos, self.log.len(), CHUNK).is_some()
-            || self.data_due(&mut data_done).is_some()
+        self.next().is_some()
     }
 
-    /// The data bytes (from the data area's start) to make huge next, if
-    /// any: a chunk of the [`AHEAD`] window past the highest grant. None
-    /// where the region cannot have huge pages, where the data pages
-    /// would only be populated, which their grant does.
-    fn data_due(&self, done: &mut u64) -> Option<u64> {
+    /// Populates one chunk ahead of use, if any is due; false if all is
+    /// provisioned.
+    pub fn step(&mut self) -> bool {
+        let Some((stream, at, n)) = self.next() else {
+            return false;
+        };
+        match stream {
+            Stream::Index => {
+                self.index.populate(at, n);
+                self.index_done = at + n;
+            }
+            Stream::Log => {
+                self.region.prefault(self.log.offset() + at, n);
+                self.log_done = at + n;
+            }
+            Stream::Data => {
+                self.region.make_huge(self.data.offset() + at, n);
+                self.data_done = at + n;
+            }
+        }
+        true
+    }
+
+    /// The chunk to provision next, in the order index, log, data: its
+    /// stream, its offset in that stream's space, and its length.
+    fn next(&self) -> Option<(Stream, u64, u64)> {
+        let chunk = |mut done, at, len, size| due(&mut done, at, len, size).map(|n| (done, n));
+        let used = self.index.load_u64(HDR_USED, Ordering::Relaxed);
+        if let Some((at, n)) = chunk(self.index_done, used, self.index.len(), CHUNK) {
+            return Some((Stream::Index, at, n));
+        }
+        let pos = self.log_pos.load(Ordering::Relaxed);
+        if let Some((at, n)) = chunk(self.log_done, pos, self.log.len(), CHUNK) {
+            return Some((Stream::Log, at, n));
+        }
+        // The data pages only ever need making huge: their grant populates
+        // them otherwise.
         if !self.region.can_make_huge() {
             return None;
         }
         // Relaxed: a hint, as Pages::grant says.
         let high = self.data_high.load(Ordering::Relaxed);
         let at = high.saturating_sub(self.data.start) * PAGE_SIZE;
-        due(done, at, self.data.len(), HUGE_PAGE as u64)
+        chunk(self.data_done, at, self.data.len(), HUGE_PAGE as u64)
+            .map(|(at, n)| (Stream::Data, at, n))
     }
+}
 
-    /// Populates one chunk ahead of use, if any is due; false if all is
-    /// provisioned.
-    pub fn step(&mut self) -> bool {
-        let used = self.index.load_u64(HDR_USED, Ordering::Relaxed);
-        if let Some(n) = due(&mut self.index_done, used, self.index.len(), CHUNK) {
-            self.index.populate(self.index_done, n);
-            self.index_done += n;
-            return true;
-        }
-        let pos = self.log_pos.load(Ordering::Relaxed);
-        if let Some(n) = due(&mut self.log_done, pos, self.log.len(), CHUNK) {
-            self.region.prefault(self.log.offset() + self.log_done, n);
-            self.log_done += n;
-            return true;
-        }
-        let mut data_done = self.data_done;
-        if let Some(n) = self.data_due(&mut data_done) {
-            self.region.make_huge(self.data.offset() + data_done, n);
-            self.data_done = data_done + n;
-            return true;
-        }
-        false
-    }
+/// What a provisioning step prepares.
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    /// The index's memory, just past its allocation point.
+    Index,
+    /// The log area, just past its write position.
+    Log,
+    /// The data pages just past the highest granted, made huge.
+    Data,
 }
 
 /// The bytes to populate next from `done`, for a space of `len` bytes used

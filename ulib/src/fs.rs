@@ -394,18 +394,20 @@ impl Fs {
     /// is for a caller that wants that work done at a time of its
     /// choosing.
     pub fn checkpoint(&self) -> io::Result<()> {
-        match self.inner.kfs.lock().as_ref() {
-            Some(k) => k.checkpoint().map(drop).map_err(err),
-            None => Err(err(Errno::ENOTCONN)),
-        }
+        self.with_kfs(|k| k.checkpoint().map(drop))
     }
 
     /// Bytes of the image and of the index that huge pages hold, with
     /// [`ServerConfig::huge_pages`](kucofs_kfs::ServerConfig::huge_pages)
     /// set (zero without it, or where the kernel makes none).
     pub fn huge_page_bytes(&self) -> io::Result<u64> {
+        self.with_kfs(|k| k.huge_bytes().ok_or(Errno::ENOTCONN))
+    }
+
+    /// `f` on the embedded Kfs; `ENOTCONN` once it has stopped.
+    fn with_kfs<T>(&self, f: impl FnOnce(&Kfs) -> Result<T, Errno>) -> io::Result<T> {
         match self.inner.kfs.lock().as_ref() {
-            Some(k) => k.huge_bytes().ok_or_else(|| err(Errno::ENOTCONN)),
+            Some(k) => f(k).map_err(err),
             None => Err(err(Errno::ENOTCONN)),
         }
     }

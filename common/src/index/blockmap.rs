@@ -25,15 +25,15 @@
 //! checks that the inode still names the same root (a small root leaf that
 //! a file outgrows is copied into a full one, and later changes go to the
 //! copy only); if nothing changed, the snapshot was the map's state at one
-//! instant (a changed entry never returns to its old value while the
-//! reader is in its epoch, since a replaced page is not reused until
-//! then). Pages are never written after their commit (writes copy on
-//! write), so the copied data is that state's data. The one exception is Kfs zeroing the bytes a
-//! shrink left past a file's end before the file grows over them: it gives
-//! that page's entry a new version first and stores the larger size after
-//! the zeros, and a reader loads the size again after the entries, so a
-//! reader whose copy could overlap the zeroing fails one check or the
-//! other.
+//! instant (a changed entry never returns to its old value while the reader
+//! is in its epoch, since a replaced page is not reused until then). Pages
+//! are never written after their commit (writes copy on write), so the
+//! copied data is that state's data. The one exception is Kfs zeroing the
+//! bytes a shrink left past a file's end before the file grows over them:
+//! it gives that page's entry a new version first and stores the larger
+//! size after the zeros, and a reader loads the size again after the
+//! entries, so a reader whose copy could overlap the zeroing fails one
+//! check or the other.
 
 use std::sync::atomic::Ordering;
 

@@ -79,6 +79,11 @@ impl HugeChunks {
         }
     }
 
+    /// Enabled, and not refused.
+    fn usable(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed) && !self.refused.load(Ordering::Relaxed)
+    }
+
     fn bit(bits: &[AtomicU64], c: usize) -> bool {
         bits[c / 64].load(Ordering::Relaxed) & (1 << (c % 64)) != 0
     }
@@ -322,10 +327,12 @@ impl Mapping {
     /// or if huge pages were not enabled (the caller then populates the
     /// range as usual).
     pub(super) fn make_huge(&self, offset: u64, len: u64, limit: u64) -> bool {
-        if len == 0 || !self.can_make_huge() {
+        let Some(h) = self.huge.as_ref().filter(|h| h.usable()) else {
+            return false;
+        };
+        if len == 0 {
             return false;
         }
-        let Some(h) = &self.huge else { return false };
         let limit = limit.min(self.len as u64);
         let size = HUGE_PAGE as u64;
         let first = offset / size;
@@ -380,9 +387,7 @@ impl Mapping {
     /// True if huge pages were enabled for the mapping and the kernel has
     /// not refused them.
     pub(super) fn can_make_huge(&self) -> bool {
-        self.huge.as_ref().is_some_and(|h| {
-            h.enabled.load(Ordering::Relaxed) && !h.refused.load(Ordering::Relaxed)
-        })
+        self.huge.as_ref().is_some_and(HugeChunks::usable)
     }
 
     /// How many bytes of the mapping are held in huge pages the kernel

@@ -194,9 +194,8 @@ impl Shm {
     }
 
     /// Allocates and maps the pages of a range now rather than at their
-    /// first touch.
-    /// With huge pages enabled, this makes the memory huge pages instead
-    /// (see [`Region::prefault`](super::Region::prefault)).
+    /// first touch; with huge pages enabled, makes the 2 MiB chunks around
+    /// it huge pages instead (see [`Region::prefault`](super::Region::prefault)).
     pub fn populate(&self, offset: u64, len: u64) {
         let end = offset.saturating_add(len).min(self.len());
         if end > offset && !self.map.make_huge(offset, end - offset, self.len()) {

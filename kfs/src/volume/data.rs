@@ -150,7 +150,7 @@ struct Pending {
 /// `now`, or if the clock went back (a batch must not outlive its bound
 /// because the wall clock was set back).
 fn batch_expired(since: i64, now: i64) -> bool {
-    now < since || (now - since) as u128 >= BATCH_TIME.as_nanos()
+    now < since || now >= batch_deadline(since)
 }
 
 /// The time ([`now_ns`]) by which a batch opened at `since` must be

@@ -286,9 +286,14 @@ fn replace_a_page_within_a_batch(v: &mut Volume, f: &Reply, pages: u32) -> Reply
     for page in [g.inode, g.inode + 1] {
         assert_eq!(v.handle(&commit(f.ino, 0, 1, page, 1), ME).errno, 0);
     }
+    let_the_batches_expire(v);
+    g
+}
+
+/// Waits out the batches' time bound, then has them flipped as Kfs would.
+fn let_the_batches_expire(v: &mut Volume) {
     std::thread::sleep(kucofs_common::pm::BATCH_TIME + std::time::Duration::from_millis(2));
     v.expire_protection();
-    g
 }
 
 /// The read and write letters ("rw" or "r-") of region page `page` in
@@ -314,7 +319,7 @@ fn perms(view: &kucofs_common::pm::RegionView, page: u64) -> String {
 /// protection once `BATCH_TIME` has passed (when Kfs next keeps house).
 #[test]
 fn committed_pages_become_read_only_as_the_protection_mode_says() {
-    use kucofs_common::pm::{Protection, BATCH_TIME};
+    use kucofs_common::pm::Protection;
     let (_dir, _, mut v) = volume();
     let view = v.image().region().view().unwrap();
     for (client, mode) in [(0, Protection::Strict), (1, Protection::Batched)] {
@@ -330,8 +335,7 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
             Protection::Strict => assert_eq!(perms(&view, g.inode), "r-"),
             _ => {
                 assert_eq!(perms(&view, g.inode), "rw");
-                std::thread::sleep(BATCH_TIME + std::time::Duration::from_millis(2));
-                v.expire_protection();
+                let_the_batches_expire(&mut v);
                 assert_eq!(perms(&view, g.inode), "r-");
             }
         }
@@ -431,8 +435,7 @@ fn a_batch_flush_spares_pool_pages_only() {
         let c = commit(f.ino, page, page * 4096 + 1, at, 1);
         assert_eq!(v.handle(&c, ME).errno, 0);
     }
-    std::thread::sleep(kucofs_common::pm::BATCH_TIME + std::time::Duration::from_millis(2));
-    v.expire_protection();
+    let_the_batches_expire(&mut v);
     let got: Vec<String> = (0..4).map(|i| perms(&view, g.inode + i)).collect();
     assert_eq!(got, ["r-", "rw", "r-", "rw"]);
     v.close().unwrap();
@@ -525,4 +528,31 @@ fn a_truncating_open_changes_an_existing_file_and_reports_a_created_one() {
     assert_eq!(again, 0);
     assert!(cut > made, "mtime {made} unchanged by a truncating open");
     v.close().unwrap();
+}
+
+/// With huge pages enabled, provisioning makes the data pages ahead of
+/// the grants huge, not only the log: on a 16 MiB image, whose log is
+/// 1 MiB, the region's huge pages grow past what the log's chunks hold.
+#[test]
+fn provisioning_with_huge_pages_makes_the_data_pages_huge() {
+    let (_dir, _, v) = volume();
+    if !v.enable_huge_pages() {
+        println!("SKIPPED: the test image is not on tmpfs");
+        return;
+    }
+    let mut p = v.provisioner();
+    while p.step() {}
+    let region = v.image().region();
+    if !region.can_make_huge() {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+        return;
+    }
+    let log = v.image().superblock().geometry.log;
+    let log_chunks = (log.offset() + log.len()).div_ceil(2 << 20) - log.offset() / (2 << 20);
+    assert!(
+        region.huge_bytes() > log_chunks * (2 << 20),
+        "{} bytes huge; the log's chunks hold {}",
+        region.huge_bytes(),
+        log_chunks * (2 << 20)
+    );
 }
