@@ -155,6 +155,11 @@ pub enum Request<'a> {
     },
     /// Set a file's size (needs the write lease).
     Truncate { ino: u64, size: u64 },
+    /// Give back to the free pages `pages` unused pages from `start` of
+    /// the pool of this client's slot `slot`: a thread whose grant found
+    /// no free page takes back the pools other threads of its process
+    /// hold idle, instead of failing with `ENOSPC` while they sit unused.
+    Unpool { slot: u32, start: u64, pages: u32 },
 }
 
 /// Flags of [`Request::Open`].
@@ -354,6 +359,7 @@ mod op {
     pub const GRANT: u16 = 9;
     pub const COMMIT: u16 = 10;
     pub const TRUNCATE: u16 = 11;
+    pub const UNPOOL: u16 = 12;
 }
 
 /// Bytes before the body: version u16, op u16, body length u32, and the
@@ -493,6 +499,12 @@ impl<'a> Request<'a> {
                 w.u64(*size);
                 op::TRUNCATE
             }
+            Request::Unpool { slot, start, pages } => {
+                w.u32(*slot);
+                w.u64(*start);
+                w.u32(*pages);
+                op::UNPOOL
+            }
         };
         let len = out.len();
         let body = (len - HEADER) as u32;
@@ -575,6 +587,11 @@ impl<'a> Request<'a> {
                 ino: r.u64()?,
                 size: r.u64()?,
             },
+            op::UNPOOL => Request::Unpool {
+                slot: r.u32()?,
+                start: r.u64()?,
+                pages: r.u32()?,
+            },
             _ => return Err(Errno::EPROTO),
         };
         if !r.done() {
@@ -602,6 +619,7 @@ impl<'a> Request<'a> {
             Request::Grant { .. } => RequestKind::Grant,
             Request::Commit { .. } => RequestKind::Commit,
             Request::Truncate { .. } => RequestKind::Truncate,
+            Request::Unpool { .. } => RequestKind::Unpool,
         }
     }
 }
@@ -637,13 +655,15 @@ pub enum RequestKind {
     Commit,
     #[allow(missing_docs)]
     Truncate,
+    #[allow(missing_docs)]
+    Unpool,
     /// A request that failed to decode.
     Malformed,
 }
 
 impl RequestKind {
     /// Every kind, in display order.
-    pub const ALL: [RequestKind; 15] = [
+    pub const ALL: [RequestKind; 16] = [
         RequestKind::Create,
         RequestKind::Mkdir,
         RequestKind::Symlink,
@@ -658,6 +678,7 @@ impl RequestKind {
         RequestKind::Grant,
         RequestKind::Commit,
         RequestKind::Truncate,
+        RequestKind::Unpool,
         RequestKind::Malformed,
     ];
 }
@@ -705,7 +726,7 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..11u8, flip in any::<prop::sample::Index>(),
+            which in 0..12u8, flip in any::<prop::sample::Index>(),
             x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
             let req = match which {
@@ -725,6 +746,7 @@ mod tests {
                     Request::Commit { ino: x, first: y, size: x ^ y, extents }
                 }
                 9 => Request::Truncate { ino: x, size: y },
+                10 => Request::Unpool { slot: mode, start: x, pages: y as u32 },
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();

@@ -466,7 +466,8 @@ impl Namespace {
             | Request::Close { .. }
             | Request::Grant { .. }
             | Request::Commit { .. }
-            | Request::Truncate { .. } => Err(Errno::EINVAL),
+            | Request::Truncate { .. }
+            | Request::Unpool { .. } => Err(Errno::EINVAL),
         }
     }
 

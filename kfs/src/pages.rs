@@ -223,6 +223,24 @@ impl Pages {
         self.free_run(start, n);
     }
 
+    /// Frees the run of `n` pages from `start`, every one of which must be
+    /// in `h`'s pool (`EINVAL`, and nothing changes, otherwise).
+    pub fn unpool(&mut self, h: Holder, start: u64, n: u64) -> Result<(), Errno> {
+        let mark = h.state().ok_or(Errno::EINVAL)?;
+        let end = start.checked_add(n).ok_or(Errno::EINVAL)?;
+        if n == 0 || start < self.first || end > self.end {
+            return Err(Errno::EINVAL);
+        }
+        if (start..end).any(|p| self.state(p) != mark) {
+            return Err(Errno::EINVAL);
+        }
+        for p in start..end {
+            self.set(p, FREE);
+        }
+        self.free_run(start, n);
+        Ok(())
+    }
+
     /// Checks that every page of `pages` is in `h`'s pool and unused, with
     /// none named twice; then moves them into a file.
     pub fn take(&mut self, h: Holder, pages: &[u64]) -> Result<(), Errno> {
@@ -437,6 +455,39 @@ mod tests {
         assert_eq!(p.grant(B, 1, true), Err(Errno::ENOSPC));
         assert_eq!(p.release(A), total);
         assert_eq!(p.grant(B, u64::MAX, true).unwrap(), (s, total));
+    }
+
+    #[test]
+    fn unpool_frees_only_unused_pages_of_the_named_pool() {
+        let g = geometry();
+        let mut p = Pages::new(&g, []).unwrap();
+        let total = p.free_pages();
+        let (s, n) = p.grant(A, u64::MAX, true).unwrap();
+        assert_eq!(n, total);
+        p.take(A, &[s + 4]).unwrap();
+        // Another holder's pool, a page in a file, a run past the end, an
+        // empty run, a slot past the last: refused, and nothing changes.
+        assert_eq!(p.unpool(B, s, 4), Err(Errno::EINVAL));
+        assert_eq!(p.unpool(A, s, 5), Err(Errno::EINVAL));
+        assert_eq!(p.unpool(A, s + 5, n), Err(Errno::EINVAL));
+        assert_eq!(p.unpool(A, u64::MAX, 2), Err(Errno::EINVAL));
+        assert_eq!(p.unpool(A, s, 0), Err(Errno::EINVAL));
+        let past = Holder {
+            client: 0,
+            slot: SLOTS as u32,
+        };
+        assert_eq!(p.unpool(past, s, 1), Err(Errno::EINVAL));
+        assert_eq!(p.free_pages(), 0);
+        // The unused pages either side of the file's page come back, as
+        // two runs another holder can be granted; the file's page stays.
+        p.unpool(A, s, 4).unwrap();
+        p.unpool(A, s + 5, n - 5).unwrap();
+        assert_eq!(p.free_pages(), total - 1);
+        assert_eq!(p.grant(B, u64::MAX, true).unwrap(), (s + 5, n - 5));
+        assert_eq!(p.grant(B, u64::MAX, true).unwrap(), (s, 4));
+        assert_eq!(p.unpool(A, s, 1), Err(Errno::EINVAL));
+        assert_eq!(p.used_pages(), 1);
+        assert_eq!(p.used_by_scan(), 1);
     }
 
     #[test]

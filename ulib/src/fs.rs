@@ -226,6 +226,7 @@ impl Inner {
     pub(crate) fn take_pages(&self, slot: usize, n: u64) -> io::Result<Extents> {
         let mut pool = self.pools[slot].lock();
         let mut out = Extents::new();
+        let mut unpooled = false;
         while out.pages() < n {
             let Some(&(start, end)) = pool.last() else {
                 match self.call_as(
@@ -240,6 +241,14 @@ impl Inner {
                     // here would strand them, out of the pool and unused.
                     _ if out.pages() > 0 => break,
                     Ok(_) => return Err(err(Errno::EPROTO)),
+                    // No page free: the pools of this process's other
+                    // threads may hold some unused. Once per call.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && !unpooled => {
+                        unpooled = true;
+                        if self.unpool_others(slot) == 0 {
+                            return Err(e);
+                        }
+                    }
                     Err(e) => return Err(e),
                 }
                 continue;
@@ -263,6 +272,40 @@ impl Inner {
                 .prefetch(next * kucofs_common::format::PAGE_SIZE);
         }
         Ok(out)
+    }
+
+    /// Gives back to Kfs the pages in the pools of this process's slots
+    /// other than `slot` (through `slot`); returns how many. A pool whose
+    /// thread is taking from it at this moment is passed over, so that two
+    /// threads doing this at once never wait for each other's pool.
+    fn unpool_others(&self, slot: usize) -> u64 {
+        let mut freed = 0;
+        for (other, pool) in self.pools.iter().enumerate() {
+            if other == slot {
+                continue;
+            }
+            let Some(mut runs) = pool.try_lock() else {
+                continue;
+            };
+            while let Some((start, end)) = runs.pop() {
+                // A run Kfs refuses stays in the pool it came from (runs
+                // come from grants, which are far shorter than `u32::MAX`).
+                let given = u32::try_from(end - start).is_ok_and(|pages| {
+                    let req = Request::Unpool {
+                        slot: other as u32,
+                        start,
+                        pages,
+                    };
+                    self.call_as(slot, &req).is_ok()
+                });
+                if !given {
+                    runs.push((start, end));
+                    break;
+                }
+                freed += end - start;
+            }
+        }
+        freed
     }
 
     /// Gives pages taken by [`Inner::take_pages`] back to `slot`'s pool, in

@@ -24,8 +24,9 @@ use crate::record::Record;
 /// Largest pool one grant hands out (16 MiB).
 pub const POOL_MAX: u32 = 4096;
 /// A grant hands out at most this fraction of the free pages: a pool is
-/// one thread's stock, and the other threads (whose pools Kfs cannot take
-/// back) must find pages too when the file system is nearly full.
+/// one thread's stock, and the other threads must find pages too when the
+/// file system is nearly full (a pool comes back only when its process
+/// asks, [`Request::Unpool`], on finding no page free).
 const POOL_SHARE: u64 = 8;
 /// Reclamation rounds a grant waits for replaced pages before `ENOSPC`.
 const GRANT_TRIES: u32 = 10_000;
@@ -244,6 +245,7 @@ impl Volume {
                 extents,
             } => self.commit(ino, first, size, &extents, caller),
             Request::Truncate { ino, size } => self.truncate(ino, size, caller),
+            Request::Unpool { slot, start, pages } => self.unpool(slot, start, pages, caller),
             _ => return None,
         })
     }
@@ -418,6 +420,26 @@ impl Volume {
             value: n,
             ..Reply::default()
         })
+    }
+
+    /// Frees a run of idle pages from the pool of the caller's slot `slot`
+    /// (see [`Request::Unpool`]). They stay writable in the caller's view
+    /// until Kfs grants them to another client, as pages a batch left
+    /// writable do.
+    fn unpool(
+        &mut self,
+        slot: u32,
+        start: u64,
+        pages: u32,
+        caller: Caller,
+    ) -> Result<Reply, Errno> {
+        self.client(caller)?;
+        let h = Holder {
+            client: caller.client,
+            slot,
+        };
+        self.pages.unpool(h, start, u64::from(pages))?;
+        Ok(Reply::default())
     }
 
     /// Zeroes the bytes of the page holding byte `old_size` from there to
