@@ -14,6 +14,11 @@
 //! Making a chunk huge allocates and clears 2 MiB: about 0.5 ms, and
 //! several ms while the machine's memory is cold. Done on the path of the
 //! writer whose grant needed the chunk, that stalled every write behind it.
+//! A writer can outrun the Kfs thread, though, and a chunk it filled
+//! before its turn came stays in small pages; so once nothing ahead is
+//! due, the Kfs thread goes back over the chunks below, one per step, and
+//! makes huge those it skipped (the kernel copies their pages into the
+//! huge one, a read or write meanwhile waits for it).
 //!
 //! Populating needs no lock: it changes no contents, only makes pages
 //! present, and may run while another thread writes nearby.
@@ -44,6 +49,9 @@ pub struct Provisioner {
     index_done: u64,
     log_done: u64,
     data_done: u64,
+    /// How far the catch-up over the data chunks below those provisioned
+    /// or granted has come: every chunk below was asked for.
+    data_back: u64,
 }
 
 impl Provisioner {
@@ -66,6 +74,7 @@ impl Provisioner {
             index_done: 0,
             log_done: 0,
             data_done: 0,
+            data_back: 0,
         }
     }
 
@@ -93,6 +102,10 @@ impl Provisioner {
                 self.region.make_huge(self.data.offset() + at, n);
                 self.data_done = at + n;
             }
+            Stream::Behind => {
+                self.region.make_huge(self.data.offset() + at, n);
+                self.data_back = at + n;
+            }
         }
         true
     }
@@ -117,8 +130,12 @@ impl Provisioner {
         // Relaxed: a hint, as Pages::grant says.
         let high = self.data_high.load(Ordering::Relaxed);
         let at = high.saturating_sub(self.data.start) * PAGE_SIZE;
-        chunk(self.data_done, at, self.data.len(), HUGE_PAGE as u64)
-            .map(|(at, n)| (Stream::Data, at, n))
+        if let Some((at, n)) = chunk(self.data_done, at, self.data.len(), HUGE_PAGE as u64) {
+            return Some((Stream::Data, at, n));
+        }
+        // Everything below what was provisioned or granted so far.
+        let behind = self.data_done.max(at).saturating_sub(self.data_back);
+        (behind > 0).then(|| (Stream::Behind, self.data_back, behind.min(HUGE_PAGE as u64)))
     }
 }
 
@@ -131,6 +148,9 @@ enum Stream {
     Log,
     /// The data pages just past the highest granted, made huge.
     Data,
+    /// The data pages below those, made huge where use overtook
+    /// [`Stream::Data`] (chunks already asked for cost nothing).
+    Behind,
 }
 
 /// The bytes to populate next from `done`, for a space of `len` bytes used

@@ -556,3 +556,36 @@ fn provisioning_with_huge_pages_makes_the_data_pages_huge() {
         log_chunks * (2 << 20)
     );
 }
+
+/// A chunk that grants reached before provisioning did (a writer outran
+/// the Kfs thread) is made huge too, once nothing ahead is due: with
+/// every data page granted before the first step, nothing lies ahead of
+/// the grants, and still every whole chunk of the data pages ends huge.
+#[test]
+fn chunks_granted_before_provisioning_reached_them_are_made_huge_after() {
+    let (_dir, _, mut v) = volume();
+    if !v.enable_huge_pages() {
+        println!("SKIPPED: the test image is not on tmpfs");
+        return;
+    }
+    v.attach_client(0, None, Default::default());
+    while v.handle(&Request::Grant { pages: 4096 }, ME).errno == 0 {}
+    assert_eq!(v.pages().free_pages(), 0);
+    let mut p = v.provisioner();
+    while p.step() {}
+    let region = v.image().region();
+    if !region.can_make_huge() {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+        return;
+    }
+    let chunk = 2u64 << 20;
+    let g = v.image().superblock().geometry;
+    let (log, data) = (g.log, g.data);
+    let chunks = |offset: u64, len: u64| (offset / chunk..(offset + len).div_ceil(chunk));
+    let mut huge: Vec<u64> = chunks(log.offset(), log.len()).collect();
+    // Whole chunks only: the region's last may be cut short.
+    huge.extend(chunks(data.offset(), data.len()).filter(|c| (c + 1) * chunk <= region.len()));
+    huge.sort_unstable();
+    huge.dedup();
+    assert_eq!(region.huge_bytes(), huge.len() as u64 * chunk);
+}
