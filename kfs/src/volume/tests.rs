@@ -581,7 +581,7 @@ fn chunks_granted_before_provisioning_reached_them_are_made_huge_after() {
     let chunk = 2u64 << 20;
     let g = v.image().superblock().geometry;
     let (log, data) = (g.log, g.data);
-    let chunks = |offset: u64, len: u64| (offset / chunk..(offset + len).div_ceil(chunk));
+    let chunks = |offset: u64, len: u64| offset / chunk..(offset + len).div_ceil(chunk);
     let mut huge: Vec<u64> = chunks(log.offset(), log.len()).collect();
     // Whole chunks only: the region's last may be cut short.
     huge.extend(chunks(data.offset(), data.len()).filter(|c| (c + 1) * chunk <= region.len()));
