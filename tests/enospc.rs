@@ -273,9 +273,18 @@ fn an_append_cut_short_reports_what_it_appended() {
 /// pages to grant; once there are none, a thread that needs pages takes
 /// back what the pools of the process's other threads hold unused. After
 /// three threads (still running) have each written a page, keeping their
-/// pools, a fourth fills every page `statfs` reports free.
+/// pools, a fourth fills every page `statfs` reports free: whether the
+/// last free page runs out at the end of one of its writes or in the
+/// middle (it writes 16 pages at a time, after a first write of `lead`
+/// pages), and in the middle, the write cut short is the last to succeed.
 #[test]
 fn idle_pools_of_other_threads_are_used_before_enospc() {
+    for lead in 0..4 {
+        the_last_thread_fills_every_free_page(lead);
+    }
+}
+
+fn the_last_thread_fills_every_free_page(lead: usize) {
     let Some((_dir, image, fs)) = small_fs() else {
         return;
     };
@@ -301,13 +310,14 @@ fn idle_pools_of_other_threads_are_used_before_enospc() {
         let free = fs.statfs().expect("statfs").blocks_free;
         let last = s
             .spawn(|| {
-                File::create(&fs, "last")
-                    .map(|f| fill(&f, 9, 0))
-                    .unwrap_or(0)
+                let f = File::create(&fs, "last").expect("create the last file");
+                let first = pattern(9, 0, lead * page);
+                assert_eq!(f.write_at(&first, 0).expect("the first write"), first.len());
+                (lead * page) as u64 + fill(&f, 9, (lead * page) as u64)
             })
-            .join()
-            .unwrap_or(0);
+            .join();
         wrote.wait();
+        let last = last.expect("the last thread filling the file system");
         for (t, h) in small.into_iter().enumerate() {
             let r = h.join().expect("a small writer");
             assert_eq!(r.ok(), Some(page), "thread {t}'s one-page write");
@@ -315,7 +325,7 @@ fn idle_pools_of_other_threads_are_used_before_enospc() {
         assert_eq!(
             last / page as u64,
             free,
-            "the last thread's pages; statfs said {free} were free"
+            "the last thread's pages after a first write of {lead}; statfs said {free} were free"
         );
         assert_contents(&fs, "last", 9, last);
     });

@@ -236,19 +236,24 @@ impl Inner {
                     },
                 ) {
                     Ok(r) if r.value > 0 => pool.push((r.inode, r.inode + r.value)),
+                    // No page free: the pools of this process's other
+                    // threads may hold some unused. Once per call, before
+                    // settling for the pages taken so far (which would
+                    // split the write's commit around the shortage).
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && !unpooled => {
+                        unpooled = true;
+                        if self.unpool_others(slot) == 0 {
+                            if out.pages() > 0 {
+                                break;
+                            }
+                            return Err(e);
+                        }
+                    }
                     // Pages already taken are the caller's to write (its
                     // next request meets the failure): returning an error
                     // here would strand them, out of the pool and unused.
                     _ if out.pages() > 0 => break,
                     Ok(_) => return Err(err(Errno::EPROTO)),
-                    // No page free: the pools of this process's other
-                    // threads may hold some unused. Once per call.
-                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && !unpooled => {
-                        unpooled = true;
-                        if self.unpool_others(slot) == 0 {
-                            return Err(e);
-                        }
-                    }
                     Err(e) => return Err(e),
                 }
                 continue;

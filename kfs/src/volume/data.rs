@@ -25,8 +25,9 @@ use crate::record::Record;
 pub const POOL_MAX: u32 = 4096;
 /// A grant hands out at most this fraction of the free pages: a pool is
 /// one thread's stock, and the other threads must find pages too when the
-/// file system is nearly full (a pool comes back only when its process
-/// asks, [`Request::Unpool`], on finding no page free).
+/// file system is nearly full (a pool's unused pages come back when its
+/// process goes, or when a thread of it finds no page free and asks,
+/// [`Request::Unpool`]).
 const POOL_SHARE: u64 = 8;
 /// Reclamation rounds a grant waits for replaced pages before `ENOSPC`.
 const GRANT_TRIES: u32 = 10_000;
@@ -423,9 +424,10 @@ impl Volume {
     }
 
     /// Frees a run of idle pages from the pool of the caller's slot `slot`
-    /// (see [`Request::Unpool`]). They stay writable in the caller's view
-    /// until Kfs grants them to another client, as pages a batch left
-    /// writable do.
+    /// (see [`Request::Unpool`]). Under `strict` they become read-only in
+    /// the caller's view at once; otherwise they stay writable there until
+    /// Kfs grants them to another client, as pages a batch left writable
+    /// do.
     fn unpool(
         &mut self,
         slot: u32,
@@ -438,7 +440,14 @@ impl Volume {
             client: caller.client,
             slot,
         };
-        self.pages.unpool(h, start, u64::from(pages))?;
+        let n = u64::from(pages);
+        self.pages.unpool(h, start, n)?;
+        let c = self.client(caller)?;
+        if let (Protection::Strict, Some(v)) = (c.protection, &mut c.view) {
+            // Free pages hold nothing a file reads: a failed change costs
+            // protection, not data.
+            let _ = v.set(start, n, false);
+        }
         Ok(Reply::default())
     }
 

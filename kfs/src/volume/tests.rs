@@ -589,3 +589,43 @@ fn chunks_granted_before_provisioning_reached_them_are_made_huge_after() {
     huge.dedup();
     assert_eq!(region.huge_bytes(), huge.len() as u64 * chunk);
 }
+
+/// A run given back from a pool ([`Request::Unpool`]) becomes free pages:
+/// read-only in the client's view at once under strict protection, still
+/// writable under batched (as pages a batch left writable are). Only the
+/// caller's own pools can be given back, and only unused pages of them.
+#[test]
+fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
+    use kucofs_common::pm::Protection;
+    let (_dir, _, mut v) = volume();
+    let view = v.image().region().view().unwrap();
+    for (client, mode, after) in [
+        (0, Protection::Strict, "r-"),
+        (1, Protection::Batched, "rw"),
+    ] {
+        let me = Caller { client, ..ME };
+        let other_slot = Caller { slot: 1, ..me };
+        v.attach_client(client, Some(view.protector()), mode);
+        let g = v.handle(&Request::Grant { pages: 4 }, other_slot);
+        assert_eq!((g.errno, g.value), (0, 4));
+        assert_eq!(perms(&view, g.inode), "rw");
+        let unpool = |start, pages| Request::Unpool {
+            slot: 1,
+            start,
+            pages,
+        };
+        // Another client cannot give back this client's pool.
+        let stranger = Caller { client: 7, ..me };
+        assert_eq!(v.handle(&unpool(g.inode, 2), stranger).errno, libc::EINVAL);
+        let free = v.pages().free_pages();
+        assert_eq!(v.handle(&unpool(g.inode, 2), me).errno, 0);
+        assert_eq!(v.pages().free_pages(), free + 2);
+        assert_eq!(perms(&view, g.inode), after);
+        // Given back already: refused the second time.
+        assert_eq!(v.handle(&unpool(g.inode, 2), me).errno, libc::EINVAL);
+        // The rest of the pool stays the slot's, writable.
+        assert_eq!(perms(&view, g.inode + 2), "rw");
+        assert_eq!(v.handle(&unpool(g.inode + 2, 2), me).errno, 0);
+    }
+    v.close().unwrap();
+}
