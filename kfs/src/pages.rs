@@ -214,8 +214,10 @@ impl Pages {
         self.high.clone()
     }
 
-    /// Gives back a grant just made, `(start, n)` from [`Pages::grant`],
-    /// that could not be handed over; the holder's other pool pages stay.
+    /// Frees the pool pages `start..start + n`, unchecked: a grant just
+    /// made, `(start, n)` from [`Pages::grant`], that could not be handed
+    /// over, or a run [`Pages::unpool`] checked. The holder's other pool
+    /// pages stay.
     pub fn ungrant(&mut self, start: u64, n: u64) {
         for p in start..start + n {
             self.set(p, FREE);
@@ -234,10 +236,7 @@ impl Pages {
         if (start..end).any(|p| self.state(p) != mark) {
             return Err(Errno::EINVAL);
         }
-        for p in start..end {
-            self.set(p, FREE);
-        }
-        self.free_run(start, n);
+        self.ungrant(start, n);
         Ok(())
     }
 
@@ -445,13 +444,19 @@ mod tests {
         p.take(next_client, &[s]).unwrap();
     }
 
-    #[test]
-    fn running_out_is_enospc_and_freeing_merges_runs() {
-        let g = geometry();
-        let mut p = Pages::new(&g, []).unwrap();
+    /// A fresh data area whose every page is granted to `A`: the pages,
+    /// the first and the count.
+    fn all_granted_to_a() -> (Pages, u64, u64) {
+        let mut p = Pages::new(&geometry(), []).unwrap();
         let total = p.free_pages();
         let (s, n) = p.grant(A, u64::MAX, true).unwrap();
         assert_eq!(n, total);
+        (p, s, n)
+    }
+
+    #[test]
+    fn running_out_is_enospc_and_freeing_merges_runs() {
+        let (mut p, s, total) = all_granted_to_a();
         assert_eq!(p.grant(B, 1, true), Err(Errno::ENOSPC));
         assert_eq!(p.release(A), total);
         assert_eq!(p.grant(B, u64::MAX, true).unwrap(), (s, total));
@@ -459,11 +464,7 @@ mod tests {
 
     #[test]
     fn unpool_frees_only_unused_pages_of_the_named_pool() {
-        let g = geometry();
-        let mut p = Pages::new(&g, []).unwrap();
-        let total = p.free_pages();
-        let (s, n) = p.grant(A, u64::MAX, true).unwrap();
-        assert_eq!(n, total);
+        let (mut p, s, n) = all_granted_to_a();
         p.take(A, &[s + 4]).unwrap();
         // Another holder's pool, a page in a file, a run past the end, an
         // empty run, a slot past the last: refused, and nothing changes.
@@ -482,7 +483,7 @@ mod tests {
         // two runs another holder can be granted; the file's page stays.
         p.unpool(A, s, 4).unwrap();
         p.unpool(A, s + 5, n - 5).unwrap();
-        assert_eq!(p.free_pages(), total - 1);
+        assert_eq!(p.free_pages(), n - 1);
         assert_eq!(p.grant(B, u64::MAX, true).unwrap(), (s + 5, n - 5));
         assert_eq!(p.grant(B, u64::MAX, true).unwrap(), (s, 4));
         assert_eq!(p.unpool(A, s, 1), Err(Errno::EINVAL));

@@ -17,8 +17,8 @@
 //! A writer can outrun the Kfs thread, though, and a chunk it filled
 //! before its turn came stays in small pages; so once nothing ahead is
 //! due, the Kfs thread goes back over the chunks below, one per step, and
-//! makes huge those it skipped (the kernel copies their pages into the
-//! huge one, a read or write meanwhile waits for it).
+//! makes huge those it skipped (the kernel copies their small pages into
+//! the huge one).
 //!
 //! Populating needs no lock: it changes no contents, only makes pages
 //! present, and may run while another thread writes nearby.

@@ -365,11 +365,7 @@ impl Mapping {
         let at = self.at(c * HUGE_PAGE);
         // A chunk the file holds no page of is no candidate for the kernel:
         // give it one first.
-        // SAFETY: `[at, at + 4096)` lies inside this live writable mapping
-        // (`make_huge` checked the chunk's end against the length);
-        // populating a page changes no contents (a hole reads as zeros).
-        let _ =
-            unsafe { rustix::mm::madvise(at.cast(), 4096, rustix::mm::Advice::LinuxPopulateWrite) };
+        self.populate((c * HUGE_PAGE) as u64, 4096);
         // SAFETY: the chunk lies inside this live mapping; collapsing
         // changes which memory backs it, never what it holds.
         let r = unsafe { libc::madvise(at.cast(), HUGE_PAGE, MADV_COLLAPSE) };

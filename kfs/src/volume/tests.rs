@@ -530,25 +530,45 @@ fn a_truncating_open_changes_an_existing_file_and_reports_a_created_one() {
     v.close().unwrap();
 }
 
+/// The 2 MiB chunks of the region that `area` overlaps.
+fn chunks_of(area: kucofs_common::format::Area) -> std::ops::Range<u64> {
+    let chunk = kucofs_common::pm::HUGE_PAGE as u64;
+    area.offset() / chunk..(area.offset() + area.len()).div_ceil(chunk)
+}
+
+/// Enables huge pages for `v`; false (the test skips) for an image not
+/// on tmpfs.
+fn enable_huge_pages(v: &Volume) -> bool {
+    let on = v.enable_huge_pages();
+    if !on {
+        println!("SKIPPED: the test image is not on tmpfs");
+    }
+    on
+}
+
+/// Runs a provisioner of `v` until nothing is due; false (the test skips)
+/// if the kernel makes no huge pages of tmpfs.
+fn provision_everything(v: &Volume) -> bool {
+    let mut p = v.provisioner();
+    while p.step() {}
+    let made = v.image().region().can_make_huge();
+    if !made {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+    }
+    made
+}
+
 /// With huge pages enabled, provisioning makes the data pages ahead of
 /// the grants huge, not only the log: on a 16 MiB image, whose log is
 /// 1 MiB, the region's huge pages grow past what the log's chunks hold.
 #[test]
 fn provisioning_with_huge_pages_makes_the_data_pages_huge() {
     let (_dir, _, v) = volume();
-    if !v.enable_huge_pages() {
-        println!("SKIPPED: the test image is not on tmpfs");
+    if !enable_huge_pages(&v) || !provision_everything(&v) {
         return;
     }
-    let mut p = v.provisioner();
-    while p.step() {}
     let region = v.image().region();
-    if !region.can_make_huge() {
-        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
-        return;
-    }
-    let log = v.image().superblock().geometry.log;
-    let log_chunks = (log.offset() + log.len()).div_ceil(2 << 20) - log.offset() / (2 << 20);
+    let log_chunks = chunks_of(v.image().superblock().geometry.log).count() as u64;
     assert!(
         region.huge_bytes() > log_chunks * (2 << 20),
         "{} bytes huge; the log's chunks hold {}",
@@ -564,27 +584,21 @@ fn provisioning_with_huge_pages_makes_the_data_pages_huge() {
 #[test]
 fn chunks_granted_before_provisioning_reached_them_are_made_huge_after() {
     let (_dir, _, mut v) = volume();
-    if !v.enable_huge_pages() {
-        println!("SKIPPED: the test image is not on tmpfs");
+    if !enable_huge_pages(&v) {
         return;
     }
     v.attach_client(0, None, Default::default());
     while v.handle(&Request::Grant { pages: 4096 }, ME).errno == 0 {}
     assert_eq!(v.pages().free_pages(), 0);
-    let mut p = v.provisioner();
-    while p.step() {}
-    let region = v.image().region();
-    if !region.can_make_huge() {
-        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+    if !provision_everything(&v) {
         return;
     }
+    let region = v.image().region();
     let chunk = 2u64 << 20;
     let g = v.image().superblock().geometry;
-    let (log, data) = (g.log, g.data);
-    let chunks = |offset: u64, len: u64| offset / chunk..(offset + len).div_ceil(chunk);
-    let mut huge: Vec<u64> = chunks(log.offset(), log.len()).collect();
+    let mut huge: Vec<u64> = chunks_of(g.log).collect();
     // Whole chunks only: the region's last may be cut short.
-    huge.extend(chunks(data.offset(), data.len()).filter(|c| (c + 1) * chunk <= region.len()));
+    huge.extend(chunks_of(g.data).filter(|c| (c + 1) * chunk <= region.len()));
     huge.sort_unstable();
     huge.dedup();
     assert_eq!(region.huge_bytes(), huge.len() as u64 * chunk);
