@@ -314,6 +314,15 @@ impl Mapping {
         };
     }
 
+    /// Makes the range ready for use: its chunks huge where
+    /// [`Mapping::make_huge`] can (up to `limit`), its pages populated
+    /// otherwise.
+    pub(super) fn provision(&self, offset: u64, len: u64, limit: u64) {
+        if !self.make_huge(offset, len, limit) {
+            self.populate(offset, len);
+        }
+    }
+
     /// Asks the kernel to hold each [`HUGE_PAGE`] chunk overlapping
     /// `[offset, offset + len)` in one huge page (`MADV_COLLAPSE`), and to
     /// map it so here. Contents are unchanged: the kernel copies what a

@@ -261,9 +261,7 @@ impl Region {
     /// With huge pages enabled, an image on tmpfs gets them for the whole
     /// 2 MiB chunks around the range instead (see [`Region::make_huge`]).
     pub fn prefault(&self, offset: u64, len: u64) {
-        if !self.make_huge(offset, len) {
-            self.map.populate(offset, len);
-        }
+        self.map.provision(offset, len, self.len());
     }
 
     /// Lets the region use huge pages ([`Region::make_huge`]): an image on

@@ -198,8 +198,8 @@ impl Shm {
     /// it huge pages instead (see [`Region::prefault`](super::Region::prefault)).
     pub fn populate(&self, offset: u64, len: u64) {
         let end = offset.saturating_add(len).min(self.len());
-        if end > offset && !self.map.make_huge(offset, end - offset, self.len()) {
-            self.map.populate(offset, end - offset);
+        if end > offset {
+            self.map.provision(offset, end - offset, self.len());
         }
     }
 
