@@ -55,7 +55,8 @@ enum Held {
 
 /// A client's view of the region as Kfs protects it. Writable pages are
 /// its pool pages, its pages committed inside the batched window (and
-/// those of them replaced since, until the batch's flush), and under
+/// those of them replaced before the batch's flush, until Kfs grants them
+/// to another client), and under
 /// `off` every page that was ever in its pools and is in no other
 /// client's now (no reader returns the bytes of a page no file holds,
 /// since a reader checks after copying that its entries did not
@@ -671,20 +672,29 @@ fn holder(caller: Caller) -> Holder {
 const BRIDGE: u64 = 64;
 
 impl Pending {
-    /// Ends the batch: makes its pages read-only in `view`, in as few
-    /// protection changes as the pools allow. Pages in a pool stay
-    /// writable (a page replaced since its commit may be back in one);
-    /// any other page may be made read-only, whether a file holds it or
-    /// not (DESIGN §8, §11).
+    /// Ends the batch: makes read-only in `view` its pages that files
+    /// still hold, in as few protection changes as the pools allow. Pages
+    /// in a pool stay writable (a page replaced since its commit may be
+    /// back in one). A page no file holds any more (an overwrite replaced
+    /// it) stays writable until Kfs grants it to another client: it holds
+    /// nothing a reader returns (DESIGN §7), and a grant of it back to this
+    /// client then costs no protection change. Free or waiting pages
+    /// between two pages in files are made read-only with them, since a
+    /// change costs far more per call than per page.
     fn flip(&mut self, view: &mut View, pages: &crate::pages::Pages) {
-        // Read-only, one change per stretch between pool pages. A failed
-        // change leaves the pages marked writable, as they are.
+        // Read-only, one change per stretch between pool pages, from its
+        // first page in a file to its last. A failed change leaves the
+        // pages marked writable, as they are.
         let flip_span = |view: &mut View, (a, b): (u64, u64)| {
             each_run(
                 a..b,
                 |q| !pages.in_pool(q),
                 |r, n| {
-                    let _ = view.set(r, n, false);
+                    let Some(s) = (r..r + n).find(|&q| pages.in_file(q)) else {
+                        return;
+                    };
+                    let e = (s..r + n).rev().find(|&q| pages.in_file(q)).unwrap_or(s) + 1;
+                    let _ = view.set(s, e - s, false);
                 },
             );
         };

@@ -403,11 +403,11 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
 }
 
 /// Under batched protection, a batch's flush makes read-only every page
-/// it committed, in its file still or replaced since, and leaves the pool
-/// pages between them writable. A replaced page granted to another client
-/// becomes writable for that client only.
+/// it committed that a file still holds, and leaves writable the pool
+/// pages between them and the pages replaced since. A replaced page
+/// granted to another client becomes writable for that client only.
 #[test]
-fn a_batch_flush_spares_pool_pages_only() {
+fn a_batch_flush_spares_pool_pages_and_replaced_pages() {
     use kucofs_common::pm::Protection;
     let (_dir, _, mut v) = volume();
     let (view, f) = batched_writer(&mut v);
@@ -417,7 +417,7 @@ fn a_batch_flush_spares_pool_pages_only() {
     // File page 0 lives in g.inode, then in g.inode + 1.
     let g = replace_a_page_within_a_batch(&mut v, &f, 4);
     assert_eq!(perms(&view, g.inode + 1), "r-", "in the file");
-    assert_eq!(perms(&view, g.inode), "r-", "replaced");
+    assert_eq!(perms(&view, g.inode), "rw", "replaced");
     assert_eq!(perms(&view, g.inode + 2), "rw", "in the pool");
     // Once free, the replaced page is the lowest free page; another client
     // (under `off`, which takes the lowest) gets it, writable for it only.
@@ -438,6 +438,25 @@ fn a_batch_flush_spares_pool_pages_only() {
     let_the_batches_expire(&mut v);
     let got: Vec<String> = (0..4).map(|i| perms(&view, g.inode + i)).collect();
     assert_eq!(got, ["r-", "rw", "r-", "rw"]);
+    v.close().unwrap();
+}
+
+/// Under batched protection, a page replaced within its batch is still
+/// writable once free, so the next grant to the same client takes it (the
+/// lowest free page) and changes no protection, where a read-only one
+/// would have sent the grant to a long run of fresh pages.
+#[test]
+fn a_page_replaced_within_its_batch_is_granted_back_writable() {
+    let (_dir, _, mut v) = volume();
+    let (view, f) = batched_writer(&mut v);
+    let g = replace_a_page_within_a_batch(&mut v, &f, 4);
+    v.reclaim_now();
+    let again = v.handle(&Request::Grant { pages: 1 }, ME);
+    assert_eq!(again.errno, 0);
+    assert_eq!((again.inode, again.value), (g.inode, 1));
+    assert_eq!(perms(&view, g.inode), "rw");
+    // It takes a commit like any pool page.
+    assert_eq!(v.handle(&commit(f.ino, 1, 4097, g.inode, 1), ME).errno, 0);
     v.close().unwrap();
 }
 
