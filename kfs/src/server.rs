@@ -282,10 +282,16 @@ impl Direct {
     /// if another thread (a client, or Kfs keeping house) holds it;
     /// `None` if Kfs has stopped. Waiting beats queueing: a queued request
     /// would wait for the same lock, in the Kfs thread.
+    ///
+    /// The protection changes the request calls for are made after the
+    /// lock is released, before the reply is returned (see
+    /// [`Changes`](crate::volume::Changes)): another thread's commit need
+    /// not wait for them.
     pub fn try_apply(&self, req: &Request<'_>, caller: Caller) -> Option<Reply> {
         let mut guard = self.volume.lock();
         let volume = guard.as_mut()?;
-        let reply = self.stats.served(req.kind(), || volume.handle(req, caller));
+        volume.defer_protection();
+        let mut reply = self.stats.served(req.kind(), || volume.handle(req, caller));
         let n = self.stats.direct.fetch_add(1, Ordering::Relaxed) + 1;
         let mut wake = volume.take_wake_kfs();
         if n % DIRECT_HOUSEKEEPING == 0 {
@@ -297,7 +303,25 @@ impl Direct {
                 .try_lock()
                 .is_some_and(|p| p.as_ref().is_some_and(Provisioner::is_due));
         }
-        drop(guard);
+        let changes = volume.take_protection_changes();
+        if changes.is_empty() {
+            drop(guard);
+        } else {
+            let order = volume.protection_order();
+            let order = order.lock();
+            drop(guard);
+            let made = changes.make();
+            drop(order);
+            if made.is_err() && matches!(req, Request::Grant { .. }) && reply.errno == 0 {
+                // The pool pages could not be made writable: take the
+                // grant back (the caller's thread, which alone takes from
+                // that pool, is this one).
+                if let Some(v) = self.volume.lock().as_mut() {
+                    v.undo_grant(caller, reply.inode, reply.value);
+                }
+                reply = Reply::err(kucofs_common::Errno::EIO);
+            }
+        }
         if wake {
             self.nudge.wake();
         }

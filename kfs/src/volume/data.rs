@@ -14,6 +14,8 @@ use kucofs_common::index::Kind;
 use kucofs_common::pm::{Protection, Protector, BATCH_PAGES, BATCH_TIME};
 use kucofs_common::proto::{open, Extents, Reply, Request, COMMIT_PAGES_MAX};
 use kucofs_common::Errno;
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use super::{Caller, Volume};
 use crate::intmap::IntMap;
@@ -79,40 +81,117 @@ impl View {
         range.into_iter().all(|q| self.held(q) == Held::Writable)
     }
 
-    /// Makes every page of `start..start + n` writable (faulting in those
-    /// the view never had) or read-only, with one protection change from
-    /// the first page not so already to the last: the pages between that
-    /// are so already lose nothing by being changed again, and a change
-    /// costs far more per call than per page. Pages the view never had stay
-    /// as they are when made read-only.
-    fn set(&mut self, start: u64, n: u64, writable: bool) -> Result<(), Errno> {
+    /// Decides that every page of `start..start + n` becomes writable
+    /// (faulting in those the view never had) or read-only, with one
+    /// protection change from the first page not so already to the last:
+    /// the pages between that are so already lose nothing by being changed
+    /// again, and a change costs far more per call than per page. Pages the
+    /// view never had stay as they are when made read-only. The change is
+    /// queued on `changes`; `held` says what the view will be once the
+    /// queue is made ([`Changes::make`]).
+    fn set(&mut self, start: u64, n: u64, writable: bool, changes: &mut Changes) {
         let needs = |h: Held| match writable {
             true => h != Held::Writable,
             false => h == Held::Writable,
         };
         let end = start + n;
         let Some(r) = (start..end).find(|&q| needs(self.held(q))) else {
-            return Ok(());
+            return;
         };
         let q = (r..end).rev().find(|&q| needs(self.held(q))).unwrap_or(r) + 1;
-        self.protector
-            .set(r, q - r, writable)
-            .map_err(|_| Errno::EIO)?;
+        let change = |first, pages, what| Change {
+            protector: self.protector.clone(),
+            first,
+            pages,
+            what,
+        };
         let held = &mut self.held[(r - self.base) as usize..(q - self.base) as usize];
         if writable {
-            let p = &self.protector;
+            changes.0.push(change(r, q - r, What::Writable));
             each_run(
                 r..q,
                 |x| held[(x - r) as usize] == Held::Never,
-                |f, k| p.populate(f, k),
+                |f, k| changes.0.push(change(f, k, What::Populate)),
             );
             held.fill(Held::Writable);
         } else {
+            changes.0.push(change(r, q - r, What::ReadOnly));
             for h in held.iter_mut().filter(|h| **h == Held::Writable) {
                 *h = Held::ReadOnly;
             }
         }
-        Ok(())
+    }
+
+    /// Marks the pages of `start..start + n` read-only after a change that
+    /// was to make them writable failed: what the view holds is not known,
+    /// and the next grant of them must change them again.
+    fn forget_writable(&mut self, start: u64, n: u64) {
+        let held = &mut self.held[(start - self.base) as usize..(start + n - self.base) as usize];
+        for h in held.iter_mut().filter(|h| **h == Held::Writable) {
+            *h = Held::ReadOnly;
+        }
+    }
+}
+
+/// What a [`Change`] does to its pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum What {
+    ReadOnly,
+    Writable,
+    /// Faults them in, writable (after they were made writable).
+    Populate,
+}
+
+/// One protection change Kfs decided for a client's view.
+#[derive(Debug)]
+struct Change {
+    protector: Protector,
+    first: u64,
+    pages: u64,
+    what: What,
+}
+
+/// Protection changes decided under the volume's lock and not yet made,
+/// in the order they were decided.
+///
+/// Each is a system call that changes page-table entries (and interrupts
+/// the other cores running the process to drop stale translations), far
+/// dearer than the bookkeeping around it. Kfs makes them at once, unless
+/// a client thread applying its own request defers them
+/// ([`Volume::defer_protection`]) to make them after releasing the lock,
+/// so that the other threads' commits go on meanwhile. Changes are made
+/// under [`Volume::protection_order`], taken before the volume's lock is
+/// released: a later decision about the same pages, made under the
+/// volume's lock, is then made after them.
+#[derive(Debug, Default)]
+pub struct Changes(Vec<Change>);
+
+impl Changes {
+    /// True if there is nothing to make.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Makes the changes, in order (the caller holds
+    /// [`Volume::protection_order`]). `EIO` if a change to writable
+    /// failed: the pages of a grant the client must not write. A failed
+    /// change to read-only costs protection, not data, and is passed over.
+    pub fn make(self) -> Result<(), Errno> {
+        let mut result = Ok(());
+        for c in self.0 {
+            match c.what {
+                What::Populate => c.protector.populate(c.first, c.pages),
+                What::ReadOnly => {
+                    let _ = c.protector.set(c.first, c.pages, false);
+                }
+                What::Writable => {
+                    if c.protector.set(c.first, c.pages, true).is_err() {
+                        result = Err(Errno::EIO);
+                    }
+                }
+            }
+        }
+        result
     }
 }
 
@@ -175,6 +254,13 @@ pub(crate) struct DataState {
     /// A commit opened a batch due before that check, and Kfs must be
     /// woken to look at it sooner ([`Volume::take_wake_kfs`]).
     wake_kfs: bool,
+    /// Protection changes decided and not yet made.
+    changes: Changes,
+    /// Changes are left for the caller to make
+    /// ([`Volume::defer_protection`]).
+    defer: bool,
+    /// Held while changes are made ([`Volume::protection_order`]).
+    order: Arc<Mutex<()>>,
 }
 
 impl Volume {
@@ -211,9 +297,10 @@ impl Volume {
         };
         if let Some(v) = &mut c.view {
             for pend in c.pending.values_mut() {
-                pend.flip(v, &self.pages);
+                pend.flip(v, &self.pages, &mut self.data.changes);
             }
         }
+        let _ = self.settle_protection();
         self.data.leases.retain(|_, &mut c| c != client);
         self.pages.release_client(client);
         for (ino, (n, _)) in c.opens {
@@ -404,18 +491,16 @@ impl Volume {
                 }
             }
         };
+        let changes = &mut self.data.changes;
         for (&id, c) in self.data.clients.iter_mut() {
             let Some(v) = &mut c.view else { continue };
-            if id == caller.client {
-                if v.set(start, n, true).is_err() {
-                    self.pages.ungrant(start, n);
-                    return Err(Errno::EIO);
-                }
-            } else {
-                // Another client's view may still have some of these pages
-                // writable (they left a file there): not any more.
-                let _ = v.set(start, n, false);
-            }
+            // Another client's view may still have some of these pages
+            // writable (they left a file there): not any more.
+            v.set(start, n, id == caller.client, changes);
+        }
+        if self.settle_protection().is_err() {
+            self.undo_grant(caller, start, n);
+            return Err(Errno::EIO);
         }
         Ok(Reply {
             inode: start,
@@ -443,11 +528,16 @@ impl Volume {
         };
         let n = u64::from(pages);
         self.pages.unpool(h, start, n)?;
-        let c = self.client(caller)?;
+        let c = self
+            .data
+            .clients
+            .get_mut(&caller.client)
+            .ok_or(Errno::EINVAL)?;
         if let (Protection::Strict, Some(v)) = (c.protection, &mut c.view) {
             // Free pages hold nothing a file reads: a failed change costs
             // protection, not data.
-            let _ = v.set(start, n, false);
+            v.set(start, n, false, &mut self.data.changes);
+            let _ = self.settle_protection();
         }
         Ok(Reply::default())
     }
@@ -593,7 +683,7 @@ impl Volume {
             Protection::Off => {}
             Protection::Strict => {
                 for e in extents.as_slice() {
-                    let _ = v.set(e.start, u64::from(e.len), false);
+                    v.set(e.start, u64::from(e.len), false, &mut self.data.changes);
                 }
             }
             Protection::Batched => {
@@ -611,10 +701,12 @@ impl Volume {
                     pend.pages += l;
                 }
                 if pend.pages >= BATCH_PAGES || batch_expired(pend.since, now) {
-                    pend.flip(v, &self.pages);
+                    pend.flip(v, &self.pages, &mut self.data.changes);
                 }
             }
         }
+        // Read-only changes only: a failure costs protection, not data.
+        let _ = self.settle_protection();
     }
 
     /// The earliest time by which a batch open now must be flipped (by
@@ -652,10 +744,62 @@ impl Volume {
             let Some(v) = &mut c.view else { continue };
             for pend in c.pending.values_mut() {
                 if !pend.runs.is_empty() && batch_expired(pend.since, now) {
-                    pend.flip(v, &self.pages);
+                    pend.flip(v, &self.pages, &mut self.data.changes);
                 }
             }
         }
+        let _ = self.settle_protection();
+    }
+
+    /// Leaves the protection changes of the calls from here to
+    /// [`Volume::take_protection_changes`] for the caller to make, after
+    /// it releases the volume's lock (see [`Changes`]). A client thread
+    /// applying its own request does this; until it has made them, its
+    /// reply must not reach its client (a grant's pages may not be
+    /// writable yet).
+    pub fn defer_protection(&mut self) {
+        self.data.defer = true;
+    }
+
+    /// Ends [`Volume::defer_protection`]: the changes decided since, for
+    /// the caller to [make](Changes::make) under
+    /// [`Volume::protection_order`], taken before it releases the
+    /// volume's lock.
+    pub fn take_protection_changes(&mut self) -> Changes {
+        self.data.defer = false;
+        std::mem::take(&mut self.data.changes)
+    }
+
+    /// The lock protection changes are made under, in the order they were
+    /// decided (see [`Changes`]).
+    pub fn protection_order(&self) -> Arc<Mutex<()>> {
+        self.data.order.clone()
+    }
+
+    /// Takes back a grant whose change to writable failed when it was
+    /// made after the lock was released: its pages go back to the free
+    /// ones, and the caller's view counts them read-only.
+    pub fn undo_grant(&mut self, caller: Caller, start: u64, n: u64) {
+        if let Some(v) = self
+            .data
+            .clients
+            .get_mut(&caller.client)
+            .and_then(|c| c.view.as_mut())
+        {
+            v.forget_writable(start, n);
+        }
+        let _ = self.pages.unpool(holder(caller), start, n);
+    }
+
+    /// Makes the protection changes decided so far, unless they are
+    /// deferred. `EIO` if a change to writable failed.
+    fn settle_protection(&mut self) -> Result<(), Errno> {
+        if self.data.defer || self.data.changes.is_empty() {
+            return Ok(());
+        }
+        let changes = std::mem::take(&mut self.data.changes);
+        let _order = self.data.order.lock();
+        changes.make()
     }
 }
 
@@ -681,11 +825,11 @@ impl Pending {
     /// client then costs no protection change. Free or waiting pages
     /// between two pages in files are made read-only with them, since a
     /// change costs far more per call than per page.
-    fn flip(&mut self, view: &mut View, pages: &crate::pages::Pages) {
+    fn flip(&mut self, view: &mut View, pages: &crate::pages::Pages, changes: &mut Changes) {
         // Read-only, one change per stretch between pool pages, from its
         // first page in a file to its last. A failed change leaves the
         // pages marked writable, as they are.
-        let flip_span = |view: &mut View, (a, b): (u64, u64)| {
+        let mut flip_span = |view: &mut View, (a, b): (u64, u64)| {
             each_run(
                 a..b,
                 |q| !pages.in_pool(q),
@@ -694,7 +838,7 @@ impl Pending {
                         return;
                     };
                     let e = (s..r + n).rev().find(|&q| pages.in_file(q)).unwrap_or(s) + 1;
-                    let _ = view.set(s, e - s, false);
+                    view.set(s, e - s, false, changes);
                 },
             );
         };
