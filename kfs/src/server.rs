@@ -290,8 +290,9 @@ impl Direct {
     pub fn try_apply(&self, req: &Request<'_>, caller: Caller) -> Option<Reply> {
         let mut guard = self.volume.lock();
         let volume = guard.as_mut()?;
-        volume.defer_protection();
-        let mut reply = self.stats.served(req.kind(), || volume.handle(req, caller));
+        let mut reply = self
+            .stats
+            .served(req.kind(), || volume.handle_deferred(req, caller));
         let n = self.stats.direct.fetch_add(1, Ordering::Relaxed) + 1;
         let mut wake = volume.take_wake_kfs();
         if n % DIRECT_HOUSEKEEPING == 0 {
@@ -310,16 +311,23 @@ impl Direct {
             let order = volume.protection_order();
             let order = order.lock();
             drop(guard);
-            let made = changes.make();
+            let failed = changes.make();
             drop(order);
-            if made.is_err() && matches!(req, Request::Grant { .. }) && reply.errno == 0 {
-                // The pool pages could not be made writable: take the
-                // grant back (the caller's thread, which alone takes from
-                // that pool, is this one).
-                if let Some(v) = self.volume.lock().as_mut() {
-                    v.undo_grant(caller, reply.inode, reply.value);
+            if !failed.is_empty() {
+                let mut guard = self.volume.lock();
+                if let Some(v) = guard.as_mut() {
+                    v.protection_failed(&failed);
+                    if failed.iter().any(|f| f.writable)
+                        && matches!(req, Request::Grant { .. })
+                        && reply.errno == 0
+                    {
+                        // The pool pages could not be made writable: take
+                        // the grant back (the caller's thread, which alone
+                        // takes from that pool, is this one).
+                        v.undo_grant(caller, reply.inode, reply.value);
+                        reply = Reply::err(kucofs_common::Errno::EIO);
+                    }
                 }
-                reply = Reply::err(kucofs_common::Errno::EIO);
             }
         }
         if wake {

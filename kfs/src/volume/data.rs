@@ -53,6 +53,9 @@ enum Held {
     Never,
     ReadOnly,
     Writable,
+    /// A change to it failed: writable or read-only, not known; the next
+    /// decision either way changes it again.
+    Unknown,
 }
 
 /// A client's view of the region as Kfs protects it. Writable pages are
@@ -65,6 +68,8 @@ enum Held {
 /// change).
 #[derive(Debug)]
 struct View {
+    /// The client whose view it is.
+    client: u32,
     protector: Protector,
     /// The first data page; `held[i]` is about page `base + i`.
     base: u64,
@@ -92,7 +97,7 @@ impl View {
     fn set(&mut self, start: u64, n: u64, writable: bool, changes: &mut Changes) {
         let needs = |h: Held| match writable {
             true => h != Held::Writable,
-            false => h == Held::Writable,
+            false => matches!(h, Held::Writable | Held::Unknown),
         };
         let end = start + n;
         let Some(r) = (start..end).find(|&q| needs(self.held(q))) else {
@@ -100,6 +105,7 @@ impl View {
         };
         let q = (r..end).rev().find(|&q| needs(self.held(q))).unwrap_or(r) + 1;
         let change = |first, pages, what| Change {
+            client: self.client,
             protector: self.protector.clone(),
             first,
             pages,
@@ -116,20 +122,19 @@ impl View {
             held.fill(Held::Writable);
         } else {
             changes.0.push(change(r, q - r, What::ReadOnly));
-            for h in held.iter_mut().filter(|h| **h == Held::Writable) {
+            for h in held
+                .iter_mut()
+                .filter(|h| matches!(h, Held::Writable | Held::Unknown))
+            {
                 *h = Held::ReadOnly;
             }
         }
     }
 
-    /// Marks the pages of `start..start + n` read-only after a change that
-    /// was to make them writable failed: what the view holds is not known,
-    /// and the next grant of them must change them again.
-    fn forget_writable(&mut self, start: u64, n: u64) {
-        let held = &mut self.held[(start - self.base) as usize..(start + n - self.base) as usize];
-        for h in held.iter_mut().filter(|h| **h == Held::Writable) {
-            *h = Held::ReadOnly;
-        }
+    /// Counts the pages of a change that failed as [`Held::Unknown`].
+    fn failed(&mut self, f: &Failure) {
+        let (a, b) = (f.first - self.base, f.first + f.pages - self.base);
+        self.held[a as usize..b as usize].fill(Held::Unknown);
     }
 }
 
@@ -145,10 +150,21 @@ enum What {
 /// One protection change Kfs decided for a client's view.
 #[derive(Debug)]
 struct Change {
+    client: u32,
     protector: Protector,
     first: u64,
     pages: u64,
     what: What,
+}
+
+/// A protection change that failed (see [`Changes::make`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    pub(crate) client: u32,
+    pub(crate) first: u64,
+    pub(crate) pages: u64,
+    /// It was to make the pages writable (a grant's).
+    pub writable: bool,
 }
 
 /// Protection changes decided under the volume's lock and not yet made,
@@ -158,7 +174,7 @@ struct Change {
 /// the other cores running the process to drop stale translations), far
 /// dearer than the bookkeeping around it. Kfs makes them at once, unless
 /// a client thread applying its own request defers them
-/// ([`Volume::defer_protection`]) to make them after releasing the lock,
+/// ([`Volume::handle_deferred`]) to make them after releasing the lock,
 /// so that the other threads' commits go on meanwhile. Changes are made
 /// under [`Volume::protection_order`], taken before the volume's lock is
 /// released: a later decision about the same pages, made under the
@@ -173,25 +189,32 @@ impl Changes {
     }
 
     /// Makes the changes, in order (the caller holds
-    /// [`Volume::protection_order`]). `EIO` if a change to writable
-    /// failed: the pages of a grant the client must not write. A failed
-    /// change to read-only costs protection, not data, and is passed over.
-    pub fn make(self) -> Result<(), Errno> {
-        let mut result = Ok(());
+    /// [`Volume::protection_order`]), and returns those that failed, for
+    /// [`Volume::protection_failed`]. A failed change to writable is a
+    /// grant the client must not write to; one to read-only costs
+    /// protection, not data, and the next decision about its pages makes
+    /// it again.
+    pub fn make(self) -> Vec<Failure> {
+        let mut failed = Vec::new();
         for c in self.0 {
-            match c.what {
-                What::Populate => c.protector.populate(c.first, c.pages),
-                What::ReadOnly => {
-                    let _ = c.protector.set(c.first, c.pages, false);
+            let writable = match c.what {
+                What::Populate => {
+                    c.protector.populate(c.first, c.pages);
+                    continue;
                 }
-                What::Writable => {
-                    if c.protector.set(c.first, c.pages, true).is_err() {
-                        result = Err(Errno::EIO);
-                    }
-                }
+                What::ReadOnly => false,
+                What::Writable => true,
+            };
+            if c.protector.set(c.first, c.pages, writable).is_err() {
+                failed.push(Failure {
+                    client: c.client,
+                    first: c.first,
+                    pages: c.pages,
+                    writable,
+                });
             }
         }
-        result
+        failed
     }
 }
 
@@ -257,7 +280,7 @@ pub(crate) struct DataState {
     /// Protection changes decided and not yet made.
     changes: Changes,
     /// Changes are left for the caller to make
-    /// ([`Volume::defer_protection`]).
+    /// ([`Volume::handle_deferred`]).
     defer: bool,
     /// Held while changes are made ([`Volume::protection_order`]).
     order: Arc<Mutex<()>>,
@@ -273,6 +296,7 @@ impl Volume {
         protection: Protection,
     ) {
         let view = protector.map(|protector| View {
+            client,
             protector,
             base: self.pages.first_page(),
             held: vec![Held::Never; self.pages.total_pages() as usize],
@@ -751,22 +775,29 @@ impl Volume {
         let _ = self.settle_protection();
     }
 
-    /// Leaves the protection changes of the calls from here to
-    /// [`Volume::take_protection_changes`] for the caller to make, after
-    /// it releases the volume's lock (see [`Changes`]). A client thread
-    /// applying its own request does this; until it has made them, its
-    /// reply must not reach its client (a grant's pages may not be
-    /// writable yet).
-    pub fn defer_protection(&mut self) {
+    /// Handles `req` as [`Volume::handle`] does, but leaves the protection
+    /// changes it calls for to the caller, to make after releasing the
+    /// volume's lock (see [`Changes`]): a client thread applying its own
+    /// request does this, and must not return the reply before it has
+    /// made them (a grant's pages are not writable until then). It takes
+    /// them with [`Volume::take_protection_changes`] before releasing the
+    /// lock.
+    pub fn handle_deferred(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
         self.data.defer = true;
+        let reply =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(req, caller)));
+        // Even after a panic: the next call must not leave its changes to
+        // a caller that is gone (those queued are made by the next call
+        // that makes its own).
+        self.data.defer = false;
+        reply.unwrap_or_else(|p| std::panic::resume_unwind(p))
     }
 
-    /// Ends [`Volume::defer_protection`]: the changes decided since, for
-    /// the caller to [make](Changes::make) under
-    /// [`Volume::protection_order`], taken before it releases the
-    /// volume's lock.
+    /// The protection changes decided and not yet made (after
+    /// [`Volume::handle_deferred`]), for the caller to
+    /// [make](Changes::make) under [`Volume::protection_order`], taken
+    /// before it releases the volume's lock.
     pub fn take_protection_changes(&mut self) -> Changes {
-        self.data.defer = false;
         std::mem::take(&mut self.data.changes)
     }
 
@@ -776,18 +807,25 @@ impl Volume {
         self.data.order.clone()
     }
 
-    /// Takes back a grant whose change to writable failed when it was
-    /// made after the lock was released: its pages go back to the free
-    /// ones, and the caller's view counts them read-only.
-    pub fn undo_grant(&mut self, caller: Caller, start: u64, n: u64) {
-        if let Some(v) = self
-            .data
-            .clients
-            .get_mut(&caller.client)
-            .and_then(|c| c.view.as_mut())
-        {
-            v.forget_writable(start, n);
+    /// Records changes that failed: their pages count as neither writable
+    /// nor read-only, so the next decision about them makes it again.
+    pub fn protection_failed(&mut self, failed: &[Failure]) {
+        for f in failed {
+            if let Some(v) = self
+                .data
+                .clients
+                .get_mut(&f.client)
+                .and_then(|c| c.view.as_mut())
+            {
+                v.failed(f);
+            }
         }
+    }
+
+    /// Takes back a grant whose pages could not be made writable: they go
+    /// back to the free ones ([`Volume::protection_failed`] has counted
+    /// them as not known in the caller's view).
+    pub fn undo_grant(&mut self, caller: Caller, start: u64, n: u64) {
         let _ = self.pages.unpool(holder(caller), start, n);
     }
 
@@ -798,8 +836,16 @@ impl Volume {
             return Ok(());
         }
         let changes = std::mem::take(&mut self.data.changes);
-        let _order = self.data.order.lock();
-        changes.make()
+        let order = self.data.order.clone();
+        let failed = {
+            let _order = order.lock();
+            changes.make()
+        };
+        self.protection_failed(&failed);
+        match failed.iter().any(|f| f.writable) {
+            true => Err(Errno::EIO),
+            false => Ok(()),
+        }
     }
 }
 
@@ -827,8 +873,7 @@ impl Pending {
     /// change costs far more per call than per page.
     fn flip(&mut self, view: &mut View, pages: &crate::pages::Pages, changes: &mut Changes) {
         // Read-only, one change per stretch between pool pages, from its
-        // first page in a file to its last. A failed change leaves the
-        // pages marked writable, as they are.
+        // first page in a file to its last.
         let mut flip_span = |view: &mut View, (a, b): (u64, u64)| {
             each_run(
                 a..b,

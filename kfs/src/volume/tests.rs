@@ -469,15 +469,14 @@ fn deferred_protection_changes_wait_for_the_caller() {
     let (_dir, _, mut v) = volume();
     let (view, _f) = batched_writer(&mut v);
     let free = v.pages().free_pages();
-    v.defer_protection();
-    let g = v.handle(&Request::Grant { pages: 4 }, ME);
+    let g = v.handle_deferred(&Request::Grant { pages: 4 }, ME);
     assert_eq!(g.errno, 0);
     assert_eq!(perms(&view, g.inode), "r-", "deferred");
     let changes = v.take_protection_changes();
     assert!(!changes.is_empty());
     let order = v.protection_order();
     let order = order.lock();
-    changes.make().unwrap();
+    assert_eq!(changes.make(), []);
     drop(order);
     assert_eq!(perms(&view, g.inode), "rw");
     assert_eq!(perms(&view, g.inode + 3), "rw");
@@ -486,14 +485,55 @@ fn deferred_protection_changes_wait_for_the_caller() {
     assert_eq!(perms(&view, h.inode), "rw", "not deferred");
     assert!(v.take_protection_changes().is_empty());
     // Taken back as after a failed change: free again, and counted
-    // read-only (what the view holds is not known), so a batched grant
-    // passes the short run over for the long one after the pool, where
-    // one counted writable would be handed out with no change.
+    // neither writable nor read-only, so a batched grant passes the short
+    // run over for the long one after the pool, where one counted
+    // writable would be handed out with no change.
+    v.protection_failed(&[Failure {
+        client: 0,
+        first: g.inode,
+        pages: g.value,
+        writable: true,
+    }]);
     v.undo_grant(ME, g.inode, g.value);
     assert_eq!(v.pages().free_pages(), free - h.value);
     assert_eq!(v.pages().lowest_free(), Some((g.inode, g.value)));
     let again = v.handle(&Request::Grant { pages: 4 }, ME);
     assert_eq!((again.errno, again.inode), (0, h.inode + h.value));
+    v.close().unwrap();
+}
+
+/// A page whose change to read-only failed counts as not known, so the
+/// next decision about it (here: a grant of it to another client) makes
+/// it read-only again, where one counted read-only would be passed over
+/// and stay writable.
+#[test]
+fn a_page_whose_change_failed_is_changed_at_the_next_decision() {
+    use kucofs_common::pm::Protection;
+    let (_dir, _, mut v) = volume();
+    let (view, f) = batched_writer(&mut v);
+    let other_view = v.image().region().view().unwrap();
+    let other = Caller { client: 1, ..ME };
+    v.attach_client(1, Some(other_view.protector()), Protection::Off);
+    let g = v.handle(&Request::Grant { pages: 4 }, ME);
+    assert_eq!(g.errno, 0);
+    assert_eq!(v.handle(&commit(f.ino, 0, 1, g.inode, 1), ME).errno, 0);
+    let_the_batches_expire(&mut v);
+    assert_eq!(perms(&view, g.inode), "r-");
+    // As if that flip had failed: still writable, and said so.
+    view.protector().set(g.inode, 1, true).unwrap();
+    v.protection_failed(&[Failure {
+        client: 0,
+        first: g.inode,
+        pages: 1,
+        writable: false,
+    }]);
+    // Replaced, freed, and granted to the other client.
+    assert_eq!(v.handle(&commit(f.ino, 0, 1, g.inode + 1, 1), ME).errno, 0);
+    v.reclaim_now();
+    let o = v.handle(&Request::Grant { pages: 1 }, other);
+    assert_eq!((o.errno, o.inode), (0, g.inode));
+    assert_eq!(perms(&view, g.inode), "r-");
+    assert_eq!(perms(&other_view, g.inode), "rw");
     v.close().unwrap();
 }
 
