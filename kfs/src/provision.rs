@@ -113,13 +113,12 @@ impl Provisioner {
     /// The chunk to provision next, in the order index, log, data: its
     /// stream, its offset in that stream's space, and its length.
     fn next(&self) -> Option<(Stream, u64, u64)> {
-        let chunk = |mut done, at, len, size| due(&mut done, at, len, size).map(|n| (done, n));
         let used = self.index.load_u64(HDR_USED, Ordering::Relaxed);
-        if let Some((at, n)) = chunk(self.index_done, used, self.index.len(), CHUNK) {
+        if let Some((at, n)) = due(self.index_done, used, self.index.len(), CHUNK) {
             return Some((Stream::Index, at, n));
         }
         let pos = self.log_pos.load(Ordering::Relaxed);
-        if let Some((at, n)) = chunk(self.log_done, pos, self.log.len(), CHUNK) {
+        if let Some((at, n)) = due(self.log_done, pos, self.log.len(), CHUNK) {
             return Some((Stream::Log, at, n));
         }
         // The data pages only ever need making huge: their grant populates
@@ -130,7 +129,7 @@ impl Provisioner {
         // Relaxed: a hint, as Pages::grant says.
         let high = self.data_high.load(Ordering::Relaxed);
         let at = high.saturating_sub(self.data.start) * PAGE_SIZE;
-        if let Some((at, n)) = chunk(self.data_done, at, self.data.len(), HUGE_PAGE as u64) {
+        if let Some((at, n)) = due(self.data_done, at, self.data.len(), HUGE_PAGE as u64) {
             return Some((Stream::Data, at, n));
         }
         // Everything below what was provisioned or granted so far.
@@ -153,45 +152,37 @@ enum Stream {
     Behind,
 }
 
-/// The bytes to populate next from `done`, for a space of `len` bytes used
-/// up to `at`: a whole `chunk` once that much of the [`AHEAD`] window is
-/// unpopulated, or the rest of the space at its end. Never less: the
-/// window slides on by a few bytes with every allocation or log entry, and
-/// populating such slivers would cost a system call for each.
-fn due(done: &mut u64, at: u64, len: u64, chunk: u64) -> Option<u64> {
+/// The bytes to populate next, as (offset, length), in a space of `len`
+/// bytes used up to `at` and populated up to `done`: a whole `chunk` once
+/// that much of the [`AHEAD`] window is unpopulated, or the rest of the
+/// space at its end. Never less: the window slides on by a few bytes with
+/// every allocation or log entry, and populating such slivers would cost a
+/// system call for each.
+fn due(done: u64, at: u64, len: u64, chunk: u64) -> Option<(u64, u64)> {
     // Use overtook provisioning: what lies behind was touched anyway.
-    *done = (*done).max(at);
+    let from = done.max(at);
     let target = at.saturating_add(AHEAD).min(len);
-    let left = target.saturating_sub(*done);
-    (left >= chunk || (left > 0 && target == len)).then(|| left.min(chunk))
+    let left = target.saturating_sub(from);
+    (left >= chunk || (left > 0 && target == len)).then(|| (from, left.min(chunk)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn due_chunk(done: &mut u64, at: u64, len: u64) -> Option<u64> {
-        due(done, at, len, CHUNK)
-    }
-
     #[test]
     fn provisioning_goes_in_whole_chunks_except_at_the_end() {
         let len = 4 * AHEAD;
-        let mut done = 0;
-        assert_eq!(due_chunk(&mut done, 0, len), Some(CHUNK));
+        let due = |done, at| due(done, at, len, CHUNK);
+        assert_eq!(due(0, 0), Some((0, CHUNK)));
         // Everything ahead populated: a few bytes more use is not a chunk.
-        done = AHEAD;
-        assert_eq!(due_chunk(&mut done, 64, len), None);
-        assert_eq!(due_chunk(&mut done, CHUNK - 1, len), None);
-        assert_eq!(due_chunk(&mut done, CHUNK, len), Some(CHUNK));
+        assert_eq!(due(AHEAD, 64), None);
+        assert_eq!(due(AHEAD, CHUNK - 1), None);
+        assert_eq!(due(AHEAD, CHUNK), Some((AHEAD, CHUNK)));
         // Use that overtook provisioning moves it on.
-        done = 0;
-        assert_eq!(due_chunk(&mut done, 3 * AHEAD, len), Some(CHUNK));
-        assert_eq!(done, 3 * AHEAD);
+        assert_eq!(due(0, 3 * AHEAD), Some((3 * AHEAD, CHUNK)));
         // Near the end, the rest, however short.
-        done = len - 100;
-        assert_eq!(due_chunk(&mut done, len - AHEAD, len), Some(100));
-        done = len;
-        assert_eq!(due_chunk(&mut done, len - 10, len), None);
+        assert_eq!(due(len - 100, len - AHEAD), Some((len - 100, 100)));
+        assert_eq!(due(len, len - 10), None);
     }
 }

@@ -232,6 +232,8 @@ pub struct Kfs {
     readers: Readers,
     volume: Shared,
     nudge: Arc<Nudge>,
+    /// The volume's [protection order](Volume::protection_order).
+    order: Arc<Mutex<()>>,
 }
 
 /// The volume, locked by whoever applies requests (the Kfs thread, or a
@@ -245,6 +247,8 @@ pub struct Direct {
     volume: Shared,
     stats: Arc<Stats>,
     nudge: Arc<Nudge>,
+    /// The volume's [protection order](Volume::protection_order).
+    order: Arc<Mutex<()>>,
 }
 
 /// Client threads applying requests directly keep house every this many
@@ -308,25 +312,13 @@ impl Direct {
         if changes.is_empty() {
             drop(guard);
         } else {
-            let order = volume.protection_order();
-            let order = order.lock();
+            let order = self.order.lock();
             drop(guard);
             let failed = changes.make();
             drop(order);
             if !failed.is_empty() {
-                let mut guard = self.volume.lock();
-                if let Some(v) = guard.as_mut() {
-                    v.protection_failed(&failed);
-                    if failed.iter().any(|f| f.writable)
-                        && matches!(req, Request::Grant { .. })
-                        && reply.errno == 0
-                    {
-                        // The pool pages could not be made writable: take
-                        // the grant back (the caller's thread, which alone
-                        // takes from that pool, is this one).
-                        v.undo_grant(caller, reply.inode, reply.value);
-                        reply = Reply::err(kucofs_common::Errno::EIO);
-                    }
+                if let Some(v) = self.volume.lock().as_mut() {
+                    reply = v.deferred_changes_failed(&failed, req, caller, reply);
                 }
             }
         }
@@ -356,6 +348,7 @@ impl Kfs {
             wanted: AtomicBool::new(false),
             provision: Mutex::new(Some(volume.provisioner())),
         });
+        let order = volume.protection_order();
         let shared: Shared = Arc::new(Mutex::new(Some(volume)));
         let io = Error::Region;
         let bell = doorbell.map_again().map_err(io)?;
@@ -416,6 +409,7 @@ impl Kfs {
             readers,
             volume: shared,
             nudge,
+            order,
         })
     }
 
@@ -426,6 +420,7 @@ impl Kfs {
             volume: self.volume.clone(),
             stats: self.stats.clone(),
             nudge: self.nudge.clone(),
+            order: self.order.clone(),
         }
     }
 

@@ -99,11 +99,11 @@ impl View {
             true => h != Held::Writable,
             false => matches!(h, Held::Writable | Held::Unknown),
         };
-        let end = start + n;
-        let Some(r) = (start..end).find(|&q| needs(self.held(q))) else {
+        let Some(std::ops::Range { start: r, end: q }) =
+            hull(start..start + n, |q| needs(self.held(q)))
+        else {
             return;
         };
-        let q = (r..end).rev().find(|&q| needs(self.held(q))).unwrap_or(r) + 1;
         let change = |first, pages, what| Change {
             client: self.client,
             protector: self.protector.clone(),
@@ -164,7 +164,7 @@ pub struct Failure {
     pub(crate) first: u64,
     pub(crate) pages: u64,
     /// It was to make the pages writable (a grant's).
-    pub writable: bool,
+    pub(crate) writable: bool,
 }
 
 /// Protection changes decided under the volume's lock and not yet made,
@@ -216,6 +216,14 @@ impl Changes {
         }
         failed
     }
+}
+
+/// The shortest range that holds every page of `range` that `pick`
+/// picks; `None` if it picks none.
+fn hull(range: std::ops::Range<u64>, pick: impl Fn(u64) -> bool) -> Option<std::ops::Range<u64>> {
+    let first = range.clone().find(|&q| pick(q))?;
+    let last = (first..range.end).rev().find(|&q| pick(q))?;
+    Some(first..last + 1)
 }
 
 /// Calls `f(first, len)` for every maximal run of pages in `range` that
@@ -545,18 +553,16 @@ impl Volume {
         pages: u32,
         caller: Caller,
     ) -> Result<Reply, Errno> {
-        self.client(caller)?;
         let h = Holder {
             client: caller.client,
             slot,
         };
         let n = u64::from(pages);
+        // Refused for a client that is not attached too: it holds no pool.
         self.pages.unpool(h, start, n)?;
-        let c = self
-            .data
-            .clients
-            .get_mut(&caller.client)
-            .ok_or(Errno::EINVAL)?;
+        let Some(c) = self.data.clients.get_mut(&caller.client) else {
+            return Ok(Reply::default());
+        };
         if let (Protection::Strict, Some(v)) = (c.protection, &mut c.view) {
             // Free pages hold nothing a file reads: a failed change costs
             // protection, not data.
@@ -807,9 +813,31 @@ impl Volume {
         self.data.order.clone()
     }
 
+    /// After changes that [`Volume::handle_deferred`] left failed: records
+    /// them ([`Volume::protection_failed`]), and if `req` was a grant whose
+    /// pages could not be made writable, takes the grant (`reply`) back
+    /// and answers `EIO` instead. The caller holds the volume's lock again.
+    pub fn deferred_changes_failed(
+        &mut self,
+        failed: &[Failure],
+        req: &Request<'_>,
+        caller: Caller,
+        reply: Reply,
+    ) -> Reply {
+        self.protection_failed(failed);
+        let grant = matches!(req, Request::Grant { .. }) && reply.errno == 0;
+        if !grant || !failed.iter().any(|f| f.writable) {
+            return reply;
+        }
+        // The caller's thread, which alone takes from that pool, is the
+        // one asking: nothing took from the grant since.
+        self.undo_grant(caller, reply.inode, reply.value);
+        Reply::err(Errno::EIO)
+    }
+
     /// Records changes that failed: their pages count as neither writable
     /// nor read-only, so the next decision about them makes it again.
-    pub fn protection_failed(&mut self, failed: &[Failure]) {
+    pub(crate) fn protection_failed(&mut self, failed: &[Failure]) {
         for f in failed {
             if let Some(v) = self
                 .data
@@ -825,7 +853,7 @@ impl Volume {
     /// Takes back a grant whose pages could not be made writable: they go
     /// back to the free ones ([`Volume::protection_failed`] has counted
     /// them as not known in the caller's view).
-    pub fn undo_grant(&mut self, caller: Caller, start: u64, n: u64) {
+    fn undo_grant(&mut self, caller: Caller, start: u64, n: u64) {
         let _ = self.pages.unpool(holder(caller), start, n);
     }
 
@@ -836,9 +864,8 @@ impl Volume {
             return Ok(());
         }
         let changes = std::mem::take(&mut self.data.changes);
-        let order = self.data.order.clone();
         let failed = {
-            let _order = order.lock();
+            let _order = self.data.order.lock();
             changes.make()
         };
         self.protection_failed(&failed);
@@ -879,11 +906,9 @@ impl Pending {
                 a..b,
                 |q| !pages.in_pool(q),
                 |r, n| {
-                    let Some(s) = (r..r + n).find(|&q| pages.in_file(q)) else {
-                        return;
-                    };
-                    let e = (s..r + n).rev().find(|&q| pages.in_file(q)).unwrap_or(s) + 1;
-                    view.set(s, e - s, false, changes);
+                    if let Some(h) = hull(r..r + n, |q| pages.in_file(q)) {
+                        view.set(h.start, h.end - h.start, false, changes);
+                    }
                 },
             );
         };

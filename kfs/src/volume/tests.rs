@@ -276,6 +276,27 @@ fn batched_writer(v: &mut Volume) -> (kucofs_common::pm::RegionView, Reply) {
     (view, f)
 }
 
+/// A [`batched_writer`] (client 0), and client 1 attached under `off`
+/// with a view of its own: client 0's view, its open of "f", client 1's
+/// view and client 1.
+fn batched_writer_and_a_client_under_off(
+    v: &mut Volume,
+) -> (
+    kucofs_common::pm::RegionView,
+    Reply,
+    kucofs_common::pm::RegionView,
+    Caller,
+) {
+    let (view, f) = batched_writer(v);
+    let other_view = v.image().region().view().unwrap();
+    v.attach_client(
+        1,
+        Some(other_view.protector()),
+        kucofs_common::pm::Protection::Off,
+    );
+    (view, f, other_view, Caller { client: 1, ..ME })
+}
+
 /// Grants client 0 (a [`batched_writer`] of `f`) `pages` pool pages and
 /// commits file page 0 of `f` into the first of them, then into the
 /// second, so the first is replaced; then lets the batch expire. Returns
@@ -408,12 +429,8 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
 /// granted to another client becomes writable for that client only.
 #[test]
 fn a_batch_flush_spares_pool_pages_and_replaced_pages() {
-    use kucofs_common::pm::Protection;
     let (_dir, _, mut v) = volume();
-    let (view, f) = batched_writer(&mut v);
-    let other_view = v.image().region().view().unwrap();
-    let other = Caller { client: 1, ..ME };
-    v.attach_client(1, Some(other_view.protector()), Protection::Off);
+    let (view, f, other_view, other) = batched_writer_and_a_client_under_off(&mut v);
     // File page 0 lives in g.inode, then in g.inode + 1.
     let g = replace_a_page_within_a_batch(&mut v, &f, 4);
     assert_eq!(perms(&view, g.inode + 1), "r-", "in the file");
@@ -488,13 +505,15 @@ fn deferred_protection_changes_wait_for_the_caller() {
     // neither writable nor read-only, so a batched grant passes the short
     // run over for the long one after the pool, where one counted
     // writable would be handed out with no change.
-    v.protection_failed(&[Failure {
+    let failed = [Failure {
         client: 0,
         first: g.inode,
         pages: g.value,
         writable: true,
-    }]);
-    v.undo_grant(ME, g.inode, g.value);
+    }];
+    let grant = Request::Grant { pages: 4 };
+    let r = v.deferred_changes_failed(&failed, &grant, ME, g);
+    assert_eq!(r.errno, libc::EIO);
     assert_eq!(v.pages().free_pages(), free - h.value);
     assert_eq!(v.pages().lowest_free(), Some((g.inode, g.value)));
     let again = v.handle(&Request::Grant { pages: 4 }, ME);
@@ -508,12 +527,8 @@ fn deferred_protection_changes_wait_for_the_caller() {
 /// and stay writable.
 #[test]
 fn a_page_whose_change_failed_is_changed_at_the_next_decision() {
-    use kucofs_common::pm::Protection;
     let (_dir, _, mut v) = volume();
-    let (view, f) = batched_writer(&mut v);
-    let other_view = v.image().region().view().unwrap();
-    let other = Caller { client: 1, ..ME };
-    v.attach_client(1, Some(other_view.protector()), Protection::Off);
+    let (view, f, other_view, other) = batched_writer_and_a_client_under_off(&mut v);
     let g = v.handle(&Request::Grant { pages: 4 }, ME);
     assert_eq!(g.errno, 0);
     assert_eq!(v.handle(&commit(f.ino, 0, 1, g.inode, 1), ME).errno, 0);
