@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::{Caller, Volume};
 use crate::intmap::IntMap;
-use crate::namespace::now_ns;
+use crate::namespace::{now_ns, stamp_ns};
 use crate::pages::Holder;
 use crate::record::Record;
 
@@ -253,9 +253,11 @@ fn each_run(
 struct Pending {
     runs: Vec<(u64, u64)>,
     pages: u64,
-    /// When the first of them was committed ([`now_ns`]; the commit's
-    /// own clock reading, so that batching costs no clock read of its
-    /// own).
+    /// When the first of them was committed: the commit's own
+    /// [`stamp_ns`], so that batching costs no clock read of its own. A
+    /// stamp is never later than [`now_ns`], so Kfs's expiry check, which
+    /// reads the precise clock, flips the batch no later than
+    /// [`BATCH_TIME`] after its first commit.
     since: i64,
 }
 
@@ -640,7 +642,7 @@ impl Volume {
                     return Err(e);
                 }
             }
-            let time = now_ns();
+            let time = stamp_ns();
             let rec = Record::Write {
                 ino,
                 first,
@@ -684,7 +686,7 @@ impl Volume {
         if size > old_size {
             self.zero_tail(inode, old_size, 0..0)?;
         }
-        let time = now_ns();
+        let time = stamp_ns();
         self.log_record(&Record::Truncate { ino, size, time })?;
         self.ns.truncate_file(inode, size, time)?;
         self.retire_replaced();
