@@ -7,7 +7,9 @@
 //! rebuilt at recovery as "every data page no file holds", which is how a
 //! crash gives back the pools that clients held.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+mod free;
+
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -15,6 +17,8 @@ use kucofs_common::channel::SLOTS;
 
 use kucofs_common::format::Geometry;
 use kucofs_common::Errno;
+
+use free::FreeMap;
 
 /// Who holds a pool: a client and one of its request slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,9 +28,6 @@ pub struct Holder {
     /// Its request slot (one per client thread).
     pub slot: u32,
 }
-
-/// Free runs at least this long are indexed for grants.
-const LONG: u64 = 64;
 
 const FREE: u32 = 0;
 const USED: u32 = 1;
@@ -56,14 +57,10 @@ pub struct Pages {
     end: u64,
     /// Each data page's state (index: page - first).
     state: Vec<u32>,
-    /// Free runs: start -> length.
-    free: BTreeMap<u64, u64>,
-    /// Starts of the free runs of at least [`LONG`] pages, so that a grant
-    /// finds the lowest long run without walking the short ones (freed
+    /// The free pages (index: page - first), which find the lowest free
+    /// page, and the lowest long run, without walking the others (freed
     /// pages come back scattered).
-    long: BTreeSet<u64>,
-    /// Pages in the free runs.
-    free_count: u64,
+    free: FreeMap,
     /// Pages files hold (in state `USED`).
     used: u64,
     /// Replaced pages: (epoch, page), freed once no reader is older.
@@ -97,10 +94,8 @@ impl Pages {
         let mut pages = Pages {
             first,
             end,
+            free: FreeMap::new(state.len() as u64),
             state,
-            free: BTreeMap::new(),
-            long: BTreeSet::new(),
-            free_count: 0,
             used,
             waiting: VecDeque::new(),
             high: Arc::new(AtomicU64::new(first)),
@@ -115,7 +110,7 @@ impl Pages {
             while p < end && pages.state(p) == FREE {
                 p += 1;
             }
-            pages.add_run(start, p - start);
+            pages.free.set(start - first, p - start, true);
         }
         Ok(pages)
     }
@@ -130,7 +125,7 @@ impl Pages {
 
     /// Pages free now (neither in a file, nor in a pool, nor waiting).
     pub fn free_pages(&self) -> u64 {
-        self.free_count
+        self.free.count()
     }
 
     /// Pages that files hold; the others are free, in a pool, or waiting
@@ -160,9 +155,11 @@ impl Pages {
         self.end - self.first
     }
 
-    /// The lowest free run: its first page and length.
-    pub fn lowest_free(&self) -> Option<(u64, u64)> {
-        self.free.iter().next().map(|(&s, &n)| (s, n))
+    /// The lowest free run: its first page and its length, counted no
+    /// further than `max` (a run of fresh pages can be the whole area).
+    pub fn lowest_free(&self, max: u64) -> Option<(u64, u64)> {
+        let i = self.free.lowest()?;
+        Some((self.first + i, self.free.run_from(i, max)))
     }
 
     /// True if page `p` is in a file (committed, not replaced).
@@ -176,30 +173,28 @@ impl Pages {
     }
 
     /// Takes up to `want` free pages, in one run, for `h`'s pool: the
-    /// lowest free run, or with `long` the lowest of at least [`LONG`]
-    /// pages when there is one. `ENOSPC` if no page is free.
+    /// lowest free run, or with `long` the lowest long one when there is
+    /// one (a run covering a whole aligned group of 64 pages: every run of
+    /// 127 pages or more, none under 64). `ENOSPC` if no page is free.
     ///
     /// Low pages first keeps the pages in use together, and takes pages
     /// freed by earlier commits before pages never written (a fresh page
     /// costs a fault in the client's view). `long` is for clients whose
     /// pool pages are made writable one run at a time: a run of one page
     /// would cost them a protection change of its own. Both picks are a
-    /// lookup at the front of an ordered set, however scattered the free
-    /// pages are.
+    /// few word reads of the free map's summaries, however scattered the
+    /// free pages are.
     pub fn grant(&mut self, h: Holder, want: u64, long: bool) -> Result<(u64, u64), Errno> {
         let mark = h.state().ok_or(Errno::EINVAL)?;
         let want = want.max(1);
-        let start = long
-            .then(|| self.long.first().copied())
+        let i = long
+            .then(|| self.free.lowest_long())
             .flatten()
-            .or_else(|| self.free.keys().next().copied());
-        let start = start.ok_or(Errno::ENOSPC)?;
-        let len = self.free[&start];
-        let take = len.min(want);
-        self.del_run(start);
-        if len > take {
-            self.add_run(start + take, len - take);
-        }
+            .or_else(|| self.free.lowest())
+            .ok_or(Errno::ENOSPC)?;
+        let take = self.free.run_from(i, want);
+        self.free.set(i, take, false);
+        let start = self.first + i;
         for p in start..start + take {
             self.set(p, mark);
         }
@@ -222,7 +217,7 @@ impl Pages {
         for p in start..start + n {
             self.set(p, FREE);
         }
-        self.free_run(start, n);
+        self.free.set(start - self.first, n, true);
     }
 
     /// Frees the run of `n` pages from `start`, every one of which must be
@@ -278,49 +273,9 @@ impl Pages {
         }
     }
 
-    fn add_run(&mut self, start: u64, len: u64) {
-        self.free_count += len;
-        self.free.insert(start, len);
-        if len >= LONG {
-            self.long.insert(start);
-        }
-    }
-
-    fn del_run(&mut self, start: u64) -> Option<u64> {
-        self.long.remove(&start);
-        let len = self.free.remove(&start)?;
-        self.free_count -= len;
-        Some(len)
-    }
-
-    /// Adds the pages `start..start + len` (already marked free) to the
-    /// free runs, merged with the runs either side. A neighbour's state
-    /// says whether there is a run to merge with, so a page freed between
-    /// pages in use (the usual case: overwrites free scattered pages)
-    /// costs one insertion, not three searches of the runs.
-    fn free_run(&mut self, start: u64, len: u64) {
-        let mut s = start;
-        let mut l = len;
-        if start > self.first && self.state(start - 1) == FREE {
-            if let Some((&ps, &pl)) = self.free.range(..s).next_back() {
-                if ps + pl == s {
-                    self.del_run(ps);
-                    s = ps;
-                    l += pl;
-                }
-            }
-        }
-        if start + len < self.end && self.state(start + len) == FREE {
-            if let Some(nl) = self.del_run(start + len) {
-                l += nl;
-            }
-        }
-        self.add_run(s, l);
-    }
-
     fn free_page(&mut self, p: u64) {
         self.set(p, FREE);
-        self.free_run(p, 1);
+        self.free.set(p - self.first, 1, true);
     }
 
     /// Frees the waiting pages replaced before `oldest_reader`'s epoch.
@@ -389,6 +344,21 @@ mod tests {
     }
 
     const A: Holder = Holder { client: 0, slot: 0 };
+
+    /// The free runs, each as long as it goes, from a scan of every page.
+    fn runs(p: &Pages) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for q in p.first..p.end {
+            if !p.free.is_free(q - p.first) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((s, l)) if *s + *l == q => *l += 1,
+                _ => runs.push((q, 1)),
+            }
+        }
+        runs
+    }
     const B: Holder = Holder { client: 0, slot: 1 };
 
     /// Grants `A` a pool of `n` pages at the bottom of a fresh data area
@@ -546,10 +516,11 @@ mod tests {
         let mut p = Pages::new(&g, []).unwrap();
         let n = 16;
         let s = pool_in_a_file(&mut p, n);
-        let runs = |p: &Pages| -> Vec<(u64, u64)> {
-            p.free
-                .range(s..s + n + 1)
-                .map(|(&a, &l)| (a - s, l.min(n + 1 - (a - s))))
+        let near = |p: &Pages| -> Vec<(u64, u64)> {
+            runs(p)
+                .into_iter()
+                .filter(|&(a, _)| a <= s + n)
+                .map(|(a, l)| (a - s, l.min(n + 1 - (a - s))))
                 .collect()
         };
         // Pages 3 and 5 between pages in use: runs of their own. (The
@@ -558,24 +529,27 @@ mod tests {
             p.retire(s + q, 1);
         }
         p.reclaim(2);
-        assert_eq!(runs(&p), [(3, 1), (5, 1), (16, 1)]);
+        assert_eq!(near(&p), [(3, 1), (5, 1), (16, 1)]);
         // 4 joins both neighbours; 6 joins the run on its left; 15 the
         // fresh run on its right; 0, at the start of the data pages, none.
         for q in [4, 6, 15, 0] {
             p.retire(s + q, 3);
         }
         p.reclaim(4);
-        assert_eq!(runs(&p), [(0, 1), (3, 4), (15, 2)]);
-        let sum = p.free.values().sum::<u64>();
-        assert_eq!(p.free_pages(), sum);
-        assert_eq!(p.free.len(), 3, "no other run: {:?}", p.free);
+        assert_eq!(near(&p), [(0, 1), (3, 4), (15, 2)]);
+        let all = runs(&p);
+        assert_eq!(p.free_pages(), all.iter().map(|r| r.1).sum::<u64>());
+        assert_eq!(all.len(), 3, "no other run: {all:?}");
+        // The lowest free run is the first, as long as it goes.
+        assert_eq!(p.lowest_free(u64::MAX), Some((s, 1)));
+        assert_eq!(p.lowest_free(0), Some((s, 0)));
     }
 
     #[test]
     fn the_free_count_follows_every_change_of_the_runs() {
         let g = geometry();
         let mut p = Pages::new(&g, []).unwrap();
-        let sum = |p: &Pages| p.free.values().sum::<u64>();
+        let sum = |p: &Pages| runs(p).iter().map(|r| r.1).sum::<u64>();
         assert_eq!(p.free_pages(), sum(&p));
         let (s, n) = p.grant(A, 40, false).unwrap();
         let (s2, _) = p.grant(A, 100, true).unwrap();

@@ -507,8 +507,8 @@ impl Volume {
                 Protection::Batched => match &self.data.clients[&caller.client].view {
                     Some(v) => self
                         .pages
-                        .lowest_free()
-                        .is_some_and(|(s, l)| v.writable(s..s + l.min(want))),
+                        .lowest_free(want)
+                        .is_some_and(|(s, l)| v.writable(s..s + l)),
                     None => true,
                 },
             };

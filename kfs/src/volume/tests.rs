@@ -515,7 +515,7 @@ fn deferred_protection_changes_wait_for_the_caller() {
     let r = v.deferred_changes_failed(&failed, &grant, ME, g);
     assert_eq!(r.errno, libc::EIO);
     assert_eq!(v.pages().free_pages(), free - h.value);
-    assert_eq!(v.pages().lowest_free(), Some((g.inode, g.value)));
+    assert_eq!(v.pages().lowest_free(u64::MAX), Some((g.inode, g.value)));
     let again = v.handle(&Request::Grant { pages: 4 }, ME);
     assert_eq!((again.errno, again.inode), (0, h.inode + h.value));
     v.close().unwrap();
