@@ -102,14 +102,20 @@ pub fn now_ns() -> i64 {
 /// The latest time [`stamp_ns`] handed out.
 static LAST_STAMP: AtomicI64 = AtomicI64::new(0);
 
+/// How far a stamp may run ahead of the coarse clock (and so of the
+/// precise one) to stay above the stamp before it.
+pub const STAMP_LEAD: i64 = 1_000_000;
+
 /// The time a change stamps on what it changes (modification, change and
 /// creation times, log records): the clock as of the last timer tick, as
 /// the kernel stamps files, which costs a few nanoseconds where a precise
-/// reading costs tens on every write. Never below or equal to an earlier
-/// stamp, so that every change still moves a file's times forward (a
-/// stamp runs ahead of the tick by 1 ns per change made within it, and
-/// changes take longer than that, so a stamp never passes the precise
-/// clock). Batch deadlines and other timing use [`now_ns`].
+/// reading costs tens on every write. Above every earlier stamp, so that
+/// every change moves a file's times forward: a stamp runs ahead of the
+/// tick by 1 ns per change made within it (changes take longer than
+/// that, so a stamp does not pass the precise clock), and never by more
+/// than [`STAMP_LEAD`]. If the clock is set back further than that,
+/// stamps go back with it, as the kernel's do. Batch deadlines and other
+/// timing use [`now_ns`].
 pub fn stamp_ns() -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -128,10 +134,20 @@ pub fn stamp_ns() -> i64 {
     // keeps stamps increasing across threads.
     let last = LAST_STAMP
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
-            Some(tick.max(last.saturating_add(1)))
+            Some(next_stamp(last, tick))
         })
         .unwrap_or(0);
-    tick.max(last.saturating_add(1))
+    next_stamp(last, tick)
+}
+
+/// The stamp after `last` when the coarse clock reads `tick`.
+fn next_stamp(last: i64, tick: i64) -> i64 {
+    let after = last.saturating_add(1);
+    if after <= tick.saturating_add(STAMP_LEAD) {
+        tick.max(after)
+    } else {
+        tick
+    }
 }
 
 impl Namespace {

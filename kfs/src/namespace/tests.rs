@@ -681,3 +681,15 @@ fn stamps_increase_and_never_pass_the_clock() {
     all.dedup();
     assert_eq!(all.len(), n, "two changes got the same stamp");
 }
+
+/// A stamp follows the tick, moves 1 ns past the last stamp within one,
+/// and goes back with a clock set back by more than the lead it may take.
+#[test]
+fn a_stamp_leads_the_tick_by_little_and_follows_a_clock_set_back() {
+    let t = 1_000_000_000_000;
+    assert_eq!(super::next_stamp(t - 5, t), t);
+    assert_eq!(super::next_stamp(t, t), t + 1);
+    assert_eq!(super::next_stamp(t + STAMP_LEAD - 1, t), t + STAMP_LEAD);
+    assert_eq!(super::next_stamp(t + STAMP_LEAD, t), t);
+    assert_eq!(super::next_stamp(t + 3_600_000_000_000, t), t);
+}

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use super::{Caller, Volume};
 use crate::intmap::IntMap;
-use crate::namespace::{now_ns, stamp_ns};
+use crate::namespace::{now_ns, stamp_ns, STAMP_LEAD};
 use crate::pages::Holder;
 use crate::record::Record;
 
@@ -253,11 +253,12 @@ fn each_run(
 struct Pending {
     runs: Vec<(u64, u64)>,
     pages: u64,
-    /// When the first of them was committed: the commit's own
-    /// [`stamp_ns`], so that batching costs no clock read of its own. A
-    /// stamp is never later than [`now_ns`], so Kfs's expiry check, which
-    /// reads the precise clock, flips the batch no later than
-    /// [`BATCH_TIME`] after its first commit.
+    /// When the first of them was committed, at the latest: the commit's
+    /// own [`stamp_ns`] less [`STAMP_LEAD`], so that batching costs no
+    /// clock read of its own. That is never later than [`now_ns`] at the
+    /// commit, so Kfs's expiry check, which reads the precise clock,
+    /// flips the batch no later than [`BATCH_TIME`] after its first
+    /// commit.
     since: i64,
 }
 
@@ -721,8 +722,8 @@ impl Volume {
             Protection::Batched => {
                 let pend = c.pending.entry(caller.slot).or_default();
                 if pend.runs.is_empty() {
-                    pend.since = now;
-                    self.data.wake_kfs |= batch_deadline(now) < self.data.expiry_check_at;
+                    pend.since = now.saturating_sub(STAMP_LEAD);
+                    self.data.wake_kfs |= batch_deadline(pend.since) < self.data.expiry_check_at;
                 }
                 for e in extents.as_slice() {
                     let (s, l) = (e.start, u64::from(e.len));
