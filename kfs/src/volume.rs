@@ -260,13 +260,13 @@ impl Volume {
     /// virtual machine whose host takes freed memory back). True if the
     /// region can have huge pages.
     pub fn enable_huge_pages(&self) -> bool {
-        let index = self.ns.arena().shm_handle().enable_huge_pages();
+        let index = self.ns.arena().shm().enable_huge_pages();
         self.image.region().enable_huge_pages() && index
     }
 
     /// Bytes of the region and of the index held in huge pages.
     pub fn huge_bytes(&self) -> u64 {
-        self.image.region().huge_bytes() + self.ns.arena().shm_handle().huge_bytes()
+        self.image.region().huge_bytes() + self.ns.arena().shm().huge_bytes()
     }
 
     /// What recovery replayed when the volume was opened.
