@@ -70,6 +70,30 @@ pub struct Pages {
     high: Arc<AtomicU64>,
 }
 
+/// Where the pages' states lie in memory, for a thread that warms the
+/// cache ahead of a change it will make under the volume's lock
+/// ([`Pages::state_addr`]).
+#[derive(Debug, Clone, Copy)]
+pub struct StateAddr {
+    /// The address of the first data page's state.
+    base: usize,
+    first: u64,
+    end: u64,
+}
+
+impl StateAddr {
+    /// Starts loading page `p`'s state into the cache (nothing for a page
+    /// outside the data area). Only a hint: the address is never read
+    /// through, so it may outlive the pages.
+    #[inline]
+    pub fn prefetch(&self, p: u64) {
+        if p >= self.first && p < self.end {
+            let at = (p - self.first) as usize * std::mem::size_of::<u32>();
+            kucofs_common::pm::prefetch(self.base.wrapping_add(at));
+        }
+    }
+}
+
 impl Pages {
     /// The data area of `g`, every page free except those in `used`.
     /// Fails with the first page that is outside the data area or used
@@ -113,6 +137,16 @@ impl Pages {
             pages.free.set(start - first, p - start, true);
         }
         Ok(pages)
+    }
+
+    /// Where the states lie. The state vector is never resized, so this
+    /// holds while these pages live.
+    pub fn state_addr(&self) -> StateAddr {
+        StateAddr {
+            base: self.state.as_ptr() as usize,
+            first: self.first,
+            end: self.end,
+        }
     }
 
     fn state(&self, p: u64) -> u32 {

@@ -25,7 +25,7 @@ use crate::{Error, Result};
 
 mod data;
 
-pub use data::{Changes, Failure, POOL_MAX};
+pub use data::{Changes, Failure, WarmEntry, Warmer, POOL_MAX};
 
 /// Who sent a request: an attached client, the slot of the thread, and the
 /// credentials the change is made with.

@@ -11,7 +11,7 @@
 
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -144,6 +144,7 @@ impl OpenOptions {
             append: self.append,
             pos: Mutex::new(0),
             lock,
+            last_line: AtomicU64::new(0),
         };
         // Truncation as `set_len` does it, under the file's range lock, so
         // that a write another thread has under way lands wholly before
@@ -176,7 +177,14 @@ pub struct File {
     /// that threads sharing one `File` each get their own bytes.
     pos: Mutex<u64>,
     lock: Arc<RangeLock>,
+    /// The map-entry cache line (file page / 8) of this handle's last
+    /// commit, plus 1 (0: none yet). A commit on the same line finds its
+    /// entry cached, and warms nothing.
+    last_line: AtomicU64,
 }
+
+/// Block-map entries on one cache line (entries are 8 bytes).
+const ENTRIES_PER_LINE: u64 = 8;
 
 /// Pages a read checks and copies at once.
 const READ_CHUNK: u64 = COMMIT_PAGES_MAX;
@@ -389,7 +397,20 @@ impl File {
         data: &[u8],
     ) -> io::Result<()> {
         let fs = &self.fs;
+        // Applied on this thread: the commit's map entry, and then the
+        // state of the page it replaces, load while the data drains.
+        // Relaxed: a hint, shared by the threads writing through this
+        // handle; a load and a store, not a locked swap, which would wait
+        // for the previous commit's stores to drain.
+        let line = first / ENTRIES_PER_LINE + 1;
+        let warm = if self.last_line.load(Ordering::Relaxed) != line {
+            self.last_line.store(line, Ordering::Relaxed);
+            fs.warm_map(self.inode, first)
+        } else {
+            None
+        };
         self.fill_pages(extents, first, at, data)?;
+        fs.warm_replaced(warm);
         fs.region.fence();
         fs.call_as(
             slot,

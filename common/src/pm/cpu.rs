@@ -8,7 +8,7 @@
 use std::arch::asm;
 use std::arch::x86_64::{__cpuid, __cpuid_count, __m128i, _mm_clflush, _mm_loadu_si128};
 use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
-use std::arch::x86_64::{_mm_sfence, _mm_stream_si128};
+use std::arch::x86_64::{_mm_prefetch, _mm_sfence, _mm_stream_si128, _MM_HINT_T0};
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -192,6 +192,16 @@ unsafe fn stream_32(dst: *mut u8, src: *const u8, len: usize) {
         unsafe { _mm256_stream_si256(dst.wrapping_add(i) as *mut __m256i, v) };
         i += 32;
     }
+}
+
+/// Asks the CPU to start loading the cache line that holds `addr`, so a
+/// later load of it hits (a hint). Any address will do: nothing is read
+/// through it, and an address mapped to nothing is ignored.
+#[inline]
+pub fn prefetch(addr: usize) {
+    // SAFETY: PREFETCHT0 never faults and changes no memory, whatever the
+    // address; the pointer is not dereferenced.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ mod recorder;
 mod region;
 mod shm;
 
-pub use cpu::FlushInstr;
+pub use cpu::{prefetch, FlushInstr};
 pub use mapping::{Media, HUGE_PAGE};
 pub use persist::{Hardware, Persist};
 pub use recorder::{InFlight, InFlightKind, Recorder};

@@ -8,19 +8,20 @@
 //! pool, logs the commit durably, publishes the new block-map entries, and
 //! puts the replaced pages to wait for their grace period.
 
-use kucofs_common::index::blockmap::{MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
+use kucofs_common::index::blockmap::{entry_page, MapReader, MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
 use kucofs_common::index::layout::I_SIZE;
 use kucofs_common::index::Kind;
-use kucofs_common::pm::{Protection, Protector, BATCH_PAGES, BATCH_TIME};
+use kucofs_common::pm::{Protection, Protector, Shm, Words, BATCH_PAGES, BATCH_TIME};
 use kucofs_common::proto::{open, Extents, Reply, Request, COMMIT_PAGES_MAX};
 use kucofs_common::Errno;
 use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Caller, Volume};
 use crate::intmap::IntMap;
 use crate::namespace::{now_ns, stamp_ns, STAMP_LEAD};
-use crate::pages::Holder;
+use crate::pages::{Holder, StateAddr};
 use crate::record::Record;
 
 /// Largest pool one grant hands out (16 MiB).
@@ -33,6 +34,46 @@ pub const POOL_MAX: u32 = 4096;
 const POOL_SHARE: u64 = 8;
 /// Reclamation rounds a grant waits for replaced pages before `ENOSPC`.
 const GRANT_TRIES: u32 = 10_000;
+
+/// Warms the cache for a commit a client thread is about to apply
+/// directly: while its data pages drain to memory, it starts loading the
+/// block-map entries and page states the commit will read under the
+/// volume's lock, which a random overwrite would otherwise miss one after
+/// another there. Hints only: nothing is changed, and a stale inode or
+/// entry costs a useless load.
+#[derive(Debug, Clone)]
+pub struct Warmer {
+    /// The index, as Kfs maps it (the client's read-only view is another
+    /// mapping of it, with other TLB entries).
+    index: Arc<Shm>,
+    states: StateAddr,
+}
+
+impl Warmer {
+    /// Starts loading the block-map entry of file page `page` of the
+    /// inode at `inode`, and its neighbours on the cache line. Returns
+    /// where the entry is, for [`Warmer::replaced`].
+    pub fn map(&self, inode: u64, page: u64) -> Option<WarmEntry> {
+        let at = MapReader::of_inode(&*self.index, inode).slot(page)?;
+        self.index.prefetch(at);
+        Some(WarmEntry(at))
+    }
+
+    /// Starts loading the state of the data page the entry at `entry`
+    /// names: the page a commit replaces. Best once [`Warmer::map`] had
+    /// time to load the entry.
+    pub fn replaced(&self, entry: WarmEntry) {
+        // Relaxed: a hint; Kfs reads the entry again under the lock.
+        let e = self.index.load_u64(entry.0, Ordering::Relaxed);
+        if e != 0 {
+            self.states.prefetch(entry_page(e));
+        }
+    }
+}
+
+/// Where [`Warmer::map`] found a block-map entry.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmEntry(pub(super) u64);
 
 /// What Kfs keeps about one attached client.
 #[derive(Debug, Default)]
@@ -808,6 +849,14 @@ impl Volume {
     /// before it releases the volume's lock.
     pub fn take_protection_changes(&mut self) -> Changes {
         std::mem::take(&mut self.data.changes)
+    }
+
+    /// A [`Warmer`] for client threads applying commits directly.
+    pub fn warmer(&self) -> Warmer {
+        Warmer {
+            index: self.ns.arena().shm_handle(),
+            states: self.pages.state_addr(),
+        }
     }
 
     /// The lock protection changes are made under, in the order they were

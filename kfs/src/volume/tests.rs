@@ -580,6 +580,32 @@ fn a_commit_of_pages_past_the_size_it_names_is_refused() {
     assert!(crate::fsck(&path).unwrap().problems.is_empty());
 }
 
+/// A warmer finds the block-map entry a commit made, and refuses a page
+/// the map does not reach and an inode outside the index without
+/// panicking (it is handed unchecked offsets from client threads).
+#[test]
+fn a_warmer_finds_the_entry_a_commit_made() {
+    let (_dir, _, mut v) = volume();
+    v.attach_client(0, None, Default::default());
+    let f = open_for_write(&mut v, ME, "f");
+    let g = v.handle(&Request::Grant { pages: 2 }, ME);
+    assert_eq!(g.errno, 0);
+    assert_eq!(
+        v.handle(&commit(f.ino, 3, 4 * 4096, g.inode + 1, 1), ME)
+            .errno,
+        0
+    );
+    let w = v.warmer();
+    let e = w.map(f.inode, 3).unwrap();
+    assert_eq!(
+        kucofs_common::index::blockmap::entry_page(v.ns.shm_u64(e.0)),
+        g.inode + 1
+    );
+    w.replaced(e);
+    assert!(w.map(f.inode, 1 << 40).is_none());
+    assert!(w.map(u64::MAX - 7, 3).is_none());
+}
+
 #[test]
 fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
     let (_dir, path, mut v) = volume();
