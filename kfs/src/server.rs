@@ -268,8 +268,11 @@ fn lock_spinning<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
     m.lock()
 }
 
-/// How many times [`lock_spinning`] looks at the lock before it waits as
-/// usual (about 20 µs).
+/// How many times [`lock_spinning`] looks at the lock, with a pause
+/// between looks, before it waits as usual: microseconds to tens of
+/// microseconds, as the CPU's pause is short or long. A spinner may take
+/// the lock ahead of a sleeping waiter (the Kfs thread); the lock's own
+/// fairness hands it over to a waiter that has slept long.
 const SPINS: u32 = 2000;
 
 /// Client threads applying requests directly keep house every this many
@@ -715,7 +718,7 @@ mod tests {
 
     /// The spinning lock takes a free lock at once, and waits for a held
     /// one to be released (then sees what its holder wrote), also when the
-    /// holder keeps it past the spinning.
+    /// holder keeps it well past the spinning (20 ms).
     #[test]
     fn lock_spinning_waits_for_the_holder() {
         let m = Arc::new(Mutex::new(0u32));

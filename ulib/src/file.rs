@@ -17,8 +17,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use kucofs_common::index::blockmap::{
-    entries_unchanged, entry_page, load_entries, runs_are_whole, EntrySource, MapReader,
-    MAX_FILE_SIZE, PAGE,
+    entries_unchanged, entry_page, load_entries, runs_are_whole, EntrySource, MapReader, FANOUT,
+    MAX_FILE_SIZE, N_SLOTS, PAGE,
 };
 use kucofs_common::index::layout::I_SIZE;
 use kucofs_common::index::Kind;
@@ -177,14 +177,22 @@ pub struct File {
     /// that threads sharing one `File` each get their own bytes.
     pos: Mutex<u64>,
     lock: Arc<RangeLock>,
-    /// The map-entry cache line (file page / 8) of this handle's last
-    /// commit, plus 1 (0: none yet). A commit on the same line finds its
-    /// entry cached, and warms nothing.
+    /// The map-entry cache line ([`entry_line`]) of this handle's last
+    /// directly applied commit, plus 1 (0: none yet). A commit on the same
+    /// line finds its entry cached, and warms nothing.
     last_line: AtomicU64,
 }
 
-/// Block-map entries on one cache line (entries are 8 bytes).
-const ENTRIES_PER_LINE: u64 = 8;
+/// Which cache line holds file page `page`'s block-map entry, as a number
+/// that differs between lines: the leaf (`page / FANOUT`), and the line
+/// within it (entries of 8 bytes follow an `N_SLOTS`-byte header). Exact
+/// where leaves start on a line; a hint either way.
+fn entry_line(page: u64) -> u64 {
+    const LINE: u64 = 64;
+    let leaf = page / FANOUT;
+    let at = N_SLOTS + 8 * (page % FANOUT);
+    leaf * (N_SLOTS + 8 * FANOUT).div_ceil(LINE) + at / LINE
+}
 
 /// Pages a read checks and copies at once.
 const READ_CHUNK: u64 = COMMIT_PAGES_MAX;
@@ -402,8 +410,8 @@ impl File {
         // Relaxed: a hint, shared by the threads writing through this
         // handle; a load and a store, not a locked swap, which would wait
         // for the previous commit's stores to drain.
-        let line = first / ENTRIES_PER_LINE + 1;
-        let warm = if self.last_line.load(Ordering::Relaxed) != line {
+        let line = entry_line(first) + 1;
+        let warm = if fs.applies_directly() && self.last_line.load(Ordering::Relaxed) != line {
             self.last_line.store(line, Ordering::Relaxed);
             fs.warm_map(self.inode, first)
         } else {
@@ -658,5 +666,21 @@ impl Fs {
             return Err(err(Errno::ENOSPC));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A leaf's first seven entries share its first line with the header;
+    /// each line after holds eight; the next leaf starts a new line.
+    #[test]
+    fn entry_lines_follow_the_leaf_layout() {
+        assert!((0..7).all(|p| entry_line(p) == entry_line(0)));
+        assert_ne!(entry_line(7), entry_line(6));
+        assert!((7..15).all(|p| entry_line(p) == entry_line(7)));
+        assert_ne!(entry_line(FANOUT), entry_line(FANOUT - 1));
+        assert_eq!(entry_line(FANOUT) - entry_line(0), 8);
     }
 }

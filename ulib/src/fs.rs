@@ -203,6 +203,12 @@ impl Inner {
             .map_err(err)
     }
 
+    /// True if this thread applies its requests itself (embedded Kfs,
+    /// [`Config::direct`]).
+    pub(crate) fn applies_directly(&self) -> bool {
+        self.direct.is_some()
+    }
+
     /// Before a commit of file page `page` of the inode at `inode` that
     /// this thread will apply itself, starts loading the page's map entry
     /// (see [`Direct::warm_map`]); nothing if commits go to Kfs.

@@ -37,10 +37,12 @@ const GRANT_TRIES: u32 = 10_000;
 
 /// Warms the cache for a commit a client thread is about to apply
 /// directly: while its data pages drain to memory, it starts loading the
-/// block-map entries and page states the commit will read under the
+/// block-map entry and the page state the commit will read under the
 /// volume's lock, which a random overwrite would otherwise miss one after
-/// another there. Hints only: nothing is changed, and a stale inode or
-/// entry costs a useless load.
+/// another there. Hints only: nothing is changed. It reads the index
+/// outside any reader epoch, so it may walk items Kfs has since reused
+/// (the index stays mapped and every load is bounds-checked, so that
+/// cannot fault); what it finds then is a useless load, never acted on.
 #[derive(Debug, Clone)]
 pub struct Warmer {
     /// The index, as Kfs maps it (the client's read-only view is another
@@ -51,8 +53,11 @@ pub struct Warmer {
 
 impl Warmer {
     /// Starts loading the block-map entry of file page `page` of the
-    /// inode at `inode`, and its neighbours on the cache line. Returns
-    /// where the entry is, for [`Warmer::replaced`].
+    /// inode at `inode`, and its neighbours on the cache line: the walk
+    /// down to the leaf loads the inode's map word and the inner nodes
+    /// (few, and mostly cached), and only the leaf's line is prefetched.
+    /// Returns where the entry is, for [`Warmer::replaced`]; `None` for a
+    /// page the map does not reach.
     pub fn map(&self, inode: u64, page: u64) -> Option<WarmEntry> {
         let at = MapReader::of_inode(&*self.index, inode).slot(page)?;
         self.index.prefetch(at);

@@ -603,7 +603,13 @@ fn a_warmer_finds_the_entry_a_commit_made() {
     );
     w.replaced(e);
     assert!(w.map(f.inode, 1 << 40).is_none());
+    // Inode offsets past the index, and one that wraps around.
+    assert!(w.map(1 << 50, 3).is_none());
     assert!(w.map(u64::MAX - 7, 3).is_none());
+    // Entries at offsets past the index, unaligned, or holding no page.
+    for at in [u64::MAX, 1 << 50, 3, 0] {
+        w.replaced(WarmEntry(at));
+    }
 }
 
 #[test]
