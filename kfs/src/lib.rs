@@ -21,4 +21,4 @@ pub use error::{Error, Result};
 pub use fsck::{fsck, FsckReport};
 pub use image::{inspect, mkfs, Image, ImageReport};
 pub use server::{Client, Direct, Kfs, ServerConfig, StatsSnapshot};
-pub use volume::{Caller, Volume, WarmEntry};
+pub use volume::{Caller, Volume, WarmEntry, Warmer};

@@ -378,6 +378,7 @@ mod tests {
     }
 
     const A: Holder = Holder { client: 0, slot: 0 };
+    const B: Holder = Holder { client: 0, slot: 1 };
 
     /// The free runs, each as long as it goes, from a scan of every page.
     fn runs(p: &Pages) -> Vec<(u64, u64)> {
@@ -393,7 +394,6 @@ mod tests {
         }
         runs
     }
-    const B: Holder = Holder { client: 0, slot: 1 };
 
     /// Grants `A` a pool of `n` pages at the bottom of a fresh data area
     /// and puts them all in a file; returns the first.

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 
 use crate::namespace::now_ns;
 use crate::provision::Provisioner;
-use crate::volume::{Caller, Readers, Volume, WarmEntry, Warmer};
+use crate::volume::{Caller, Readers, Volume, Warmer};
 use crate::{Error, Result};
 use kucofs_common::pm::{Protection, Protector};
 
@@ -306,20 +306,10 @@ impl Nudge {
 }
 
 impl Direct {
-    /// Starts loading what a commit of file page `page` of the inode at
-    /// `inode` reads first: its block-map entry ([`Warmer::map`]). For a
-    /// writer to call before it copies the page's data.
-    pub fn warm_map(&self, inode: u64, page: u64) -> Option<WarmEntry> {
-        self.warmer.as_ref()?.map(inode, page)
-    }
-
-    /// Starts loading the state of the data page such a commit replaces
-    /// ([`Warmer::replaced`]). For a writer to call once it has copied
-    /// the data, before its fence.
-    pub fn warm_replaced(&self, entry: WarmEntry) {
-        if let Some(w) = &self.warmer {
-            w.replaced(entry);
-        }
+    /// The [`Warmer`] for a commit this thread is about to apply: `None`
+    /// if Kfs had stopped when this handle was made.
+    pub fn warmer(&self) -> Option<&Warmer> {
+        self.warmer.as_ref()
     }
 
     /// Applies `req` on the calling thread, waiting for the volume's lock

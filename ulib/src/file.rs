@@ -406,19 +406,23 @@ impl File {
     ) -> io::Result<()> {
         let fs = &self.fs;
         // Applied on this thread: the commit's map entry, and then the
-        // state of the page it replaces, load while the data drains.
+        // state of the page it replaces, load while the data drains; not
+        // again on the line of this handle's last commit, which is cached.
         // Relaxed: a hint, shared by the threads writing through this
         // handle; a load and a store, not a locked swap, which would wait
         // for the previous commit's stores to drain.
         let line = entry_line(first) + 1;
-        let warm = if fs.applies_directly() && self.last_line.load(Ordering::Relaxed) != line {
+        let warmer = fs
+            .warmer()
+            .filter(|_| self.last_line.load(Ordering::Relaxed) != line);
+        let warm = warmer.and_then(|w| {
             self.last_line.store(line, Ordering::Relaxed);
-            fs.warm_map(self.inode, first)
-        } else {
-            None
-        };
+            w.map(self.inode, first)
+        });
         self.fill_pages(extents, first, at, data)?;
-        fs.warm_replaced(warm);
+        if let (Some(w), Some(e)) = (warmer, warm) {
+            w.replaced(e);
+        }
         fs.region.fence();
         fs.call_as(
             slot,

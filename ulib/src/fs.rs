@@ -17,7 +17,7 @@ use kucofs_common::index::{IndexReader, Kind, NAME_MAX};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
 use kucofs_common::proto::{Creds, Extents, Hint, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
-use kucofs_kfs::{Caller, Client, Direct, Kfs, ServerConfig, StatsSnapshot, Volume, WarmEntry};
+use kucofs_kfs::{Caller, Client, Direct, Kfs, ServerConfig, StatsSnapshot, Volume, Warmer};
 use parking_lot::Mutex;
 
 use crate::dir::ReadDir;
@@ -203,25 +203,11 @@ impl Inner {
             .map_err(err)
     }
 
-    /// True if this thread applies its requests itself (embedded Kfs,
-    /// [`Config::direct`]).
-    pub(crate) fn applies_directly(&self) -> bool {
-        self.direct.is_some()
-    }
-
-    /// Before a commit of file page `page` of the inode at `inode` that
-    /// this thread will apply itself, starts loading the page's map entry
-    /// (see [`Direct::warm_map`]); nothing if commits go to Kfs.
-    pub(crate) fn warm_map(&self, inode: u64, page: u64) -> Option<WarmEntry> {
-        self.direct.as_ref()?.warm_map(inode, page)
-    }
-
-    /// Then, starts loading the state of the page the commit replaces
-    /// ([`Direct::warm_replaced`]).
-    pub(crate) fn warm_replaced(&self, entry: Option<WarmEntry>) {
-        if let (Some(d), Some(e)) = (&self.direct, entry) {
-            d.warm_replaced(e);
-        }
+    /// Where this thread applies its own commits (embedded Kfs,
+    /// [`Config::direct`]), what warms the cache ahead of one
+    /// ([`Warmer`]); `None` if commits go to Kfs.
+    pub(crate) fn warmer(&self) -> Option<&Warmer> {
+        self.direct.as_ref()?.warmer()
     }
 
     /// Sends `req` from `slot` (this thread's): applied directly if

@@ -55,7 +55,8 @@ impl Warmer {
     /// Starts loading the block-map entry of file page `page` of the
     /// inode at `inode`, and its neighbours on the cache line: the walk
     /// down to the leaf loads the inode's map word and the inner nodes
-    /// (few, and mostly cached), and only the leaf's line is prefetched.
+    /// above the leaf (one for every 63 nodes below it), and only the
+    /// leaf's line is prefetched.
     /// Returns where the entry is, for [`Warmer::replaced`]; `None` for a
     /// page the map does not reach.
     pub fn map(&self, inode: u64, page: u64) -> Option<WarmEntry> {

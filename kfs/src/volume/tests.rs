@@ -564,13 +564,20 @@ fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed
     v.close().unwrap();
 }
 
+/// Attaches client 0 with no view, opens "f" for writing and grants the
+/// client `pages` pages: the file and the grant.
+fn a_file_and_a_grant(v: &mut Volume, pages: u32) -> (Reply, Reply) {
+    v.attach_client(0, None, Default::default());
+    let f = open_for_write(v, ME, "f");
+    let g = v.handle(&Request::Grant { pages }, ME);
+    assert_eq!(g.errno, 0);
+    (f, g)
+}
+
 #[test]
 fn a_commit_of_pages_past_the_size_it_names_is_refused() {
     let (_dir, path, mut v) = volume();
-    v.attach_client(0, None, Default::default());
-    let f = open_for_write(&mut v, ME, "f");
-    let g = v.handle(&Request::Grant { pages: 1 }, ME);
-    assert_eq!(g.errno, 0);
+    let (f, g) = a_file_and_a_grant(&mut v, 1);
     let commit = |first, size| commit(f.ino, first, size, g.inode, 1);
     // Page 100 starts at byte 409,600: a size of 1 does not reach it.
     assert_eq!(v.handle(&commit(100, 1), ME).errno, libc::EINVAL);
@@ -586,10 +593,7 @@ fn a_commit_of_pages_past_the_size_it_names_is_refused() {
 #[test]
 fn a_warmer_finds_the_entry_a_commit_made() {
     let (_dir, _, mut v) = volume();
-    v.attach_client(0, None, Default::default());
-    let f = open_for_write(&mut v, ME, "f");
-    let g = v.handle(&Request::Grant { pages: 2 }, ME);
-    assert_eq!(g.errno, 0);
+    let (f, g) = a_file_and_a_grant(&mut v, 2);
     assert_eq!(
         v.handle(&commit(f.ino, 3, 4 * 4096, g.inode + 1, 1), ME)
             .errno,
@@ -615,10 +619,7 @@ fn a_warmer_finds_the_entry_a_commit_made() {
 #[test]
 fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
     let (_dir, path, mut v) = volume();
-    v.attach_client(0, None, Default::default());
-    let f = open_for_write(&mut v, ME, "f");
-    let g = v.handle(&Request::Grant { pages: 2 }, ME);
-    assert_eq!(g.errno, 0);
+    let (f, g) = a_file_and_a_grant(&mut v, 2);
     assert_eq!(v.handle(&commit(f.ino, 0, 8192, g.inode, 2), ME).errno, 0);
     let unlink = Request::Unlink {
         path: b"f",
