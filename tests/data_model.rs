@@ -213,7 +213,8 @@ fn protection() -> impl Strategy<Value = Protection> {
     prop_oneof![
         Just(Protection::Strict),
         Just(Protection::Batched),
-        Just(Protection::Off)
+        Just(Protection::Off),
+        Just(Protection::Keys)
     ]
 }
 

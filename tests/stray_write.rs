@@ -144,16 +144,18 @@ fn write_fresh_file(image: &Path, config: Config, first: Duration) -> (Fs, usize
 }
 
 /// Child: makes a file system, writes the file under strict protection
-/// (every commit makes its pages read-only at once), and stores into a
-/// page it has just written.
+/// (every commit makes its pages read-only at once) or under protection
+/// keys (no store but the library's own copy is ever allowed), and stores
+/// into a page it has just written.
 #[test]
 #[ignore = "a child of the stray-write tests, run by run_child"]
 fn child_store_into_a_just_written_page() {
     let Some((image, protection)) = child_args() else {
         return;
     };
-    assert_eq!(protection, Protection::Strict);
-    let (_fs, addr) = write_fresh_file(&image, config(protection), Duration::ZERO);
+    assert!(matches!(protection, Protection::Strict | Protection::Keys));
+    let (fs, addr) = write_fresh_file(&image, config(protection), Duration::ZERO);
+    assert_eq!(fs.protection(), protection, "child: the mode in effect");
     stray_store(addr);
 }
 
@@ -211,6 +213,15 @@ fn a_stray_store_into_file_data_kills_the_process_and_changes_nothing() {
 #[test]
 fn a_stray_store_into_just_written_data_faults_under_strict_protection() {
     run_child_on_a_fresh_image("child_store_into_a_just_written_page", Protection::Strict);
+}
+
+#[test]
+fn a_stray_store_into_just_written_data_faults_under_protection_keys() {
+    if kucofs_common::pm::keys::process_key().is_none() {
+        println!("SKIPPED: this CPU or kernel has no memory protection keys");
+        return;
+    }
+    run_child_on_a_fresh_image("child_store_into_a_just_written_page", Protection::Keys);
 }
 
 #[test]

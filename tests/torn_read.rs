@@ -232,6 +232,16 @@ fn readers_never_see_a_torn_record_unprotected_own_handles() {
     run(Protection::Off, Handles::Own);
 }
 
+#[test]
+fn readers_never_see_a_torn_record_keyed_shared_handle() {
+    run(Protection::Keys, Handles::Shared);
+}
+
+#[test]
+fn readers_never_see_a_torn_record_keyed_own_handles() {
+    run(Protection::Keys, Handles::Own);
+}
+
 /// A shrink leaves old bytes past the new end of its last page; growing
 /// the file again zeroes them in place. A reader that took the size from
 /// before the shrink and copied that page while it was being zeroed must

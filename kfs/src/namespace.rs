@@ -117,27 +117,35 @@ pub const STAMP_LEAD: i64 = 1_000_000;
 /// stamps go back with it, as the kernel's do. Batch deadlines and other
 /// timing use [`now_ns`].
 pub fn stamp_ns() -> i64 {
+    // Relaxed: the stamp orders nothing else; the read-modify-write alone
+    // keeps stamps increasing across threads. The clock is read inside
+    // the update, after the last stamp is loaded: a tick read before it
+    // may be older than the one the last stamp was made from (this thread
+    // was preempted between the two), and would look like a clock set
+    // back by more than `STAMP_LEAD`, taking the stamp back with it.
+    let mut stamp = 0;
+    let _ = LAST_STAMP.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+        stamp = next_stamp(last, coarse_ns());
+        Some(stamp)
+    });
+    stamp
+}
+
+/// The coarse realtime clock (as of the last timer tick), in nanoseconds.
+fn coarse_ns() -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a live, writable timespec; CLOCK_REALTIME_COARSE
     // is a valid clock id, so the call only writes `ts`.
-    let tick = if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
         ts.tv_sec
             .saturating_mul(1_000_000_000)
             .saturating_add(ts.tv_nsec)
     } else {
         now_ns()
-    };
-    // Relaxed: the stamp orders nothing else; the read-modify-write alone
-    // keeps stamps increasing across threads.
-    let last = LAST_STAMP
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
-            Some(next_stamp(last, tick))
-        })
-        .unwrap_or(0);
-    next_stamp(last, tick)
+    }
 }
 
 /// The stamp after `last` when the coarse clock reads `tick`.

@@ -377,7 +377,20 @@ impl Fs {
     pub fn open_with(image: impl AsRef<Path>, config: Config) -> io::Result<Fs> {
         let volume = Volume::open(image.as_ref()).map_err(kfs_err)?;
         let index = volume.namespace().shm().view().map_err(common_err)?;
-        let region = volume.image().region().view().map_err(common_err)?;
+        let mut config = config;
+        // Keys where the machine has them; otherwise batched page
+        // protection, the next fastest bounded mode.
+        let keyed = match config.protection {
+            Protection::Keys => volume.image().region().keyed_view().map_err(common_err)?,
+            _ => None,
+        };
+        if config.protection == Protection::Keys && keyed.is_none() {
+            config.protection = Protection::Batched;
+        }
+        let region = match keyed {
+            Some(view) => view,
+            None => volume.image().region().view().map_err(common_err)?,
+        };
         let geometry = volume.image().superblock().geometry;
         let segment = Segment::create().map_err(common_err)?;
         let doorbell = Doorbell::create().map_err(common_err)?;
@@ -391,7 +404,8 @@ impl Fs {
             .attach(Client {
                 segment: segment.map_again().map_err(common_err)?,
                 creds,
-                protector: Some(region.protector()),
+                // A keyed view's page protection never changes.
+                protector: (!region.is_keyed()).then(|| region.protector()),
                 protection: config.protection,
             })
             .map_err(kfs_err)?;
@@ -414,6 +428,13 @@ impl Fs {
                 geometry,
             }),
         })
+    }
+
+    /// The protection mode in effect: the one asked for in [`Config`],
+    /// except that [`Protection::Keys`] becomes [`Protection::Batched`]
+    /// where the CPU or kernel has no memory protection keys.
+    pub fn protection(&self) -> Protection {
+        self.inner.config.protection
     }
 
     /// Closes the file system: Kfs finishes, checkpoints, and marks the

@@ -15,6 +15,7 @@ use rustix::fs::{flock, FlockOperation};
 use rustix::io::Errno;
 use rustix::mm::{MapFlags, ProtFlags};
 
+use super::keys;
 use super::mapping::{on_tmpfs, Mapping, Media};
 use super::persist::{Hardware, Persist};
 use crate::{Error, Result};
@@ -310,7 +311,33 @@ impl Region {
             map: Arc::new(map),
             mode,
             flush: super::cpu::FlushInstr::detect(),
+            key: None,
         })
+    }
+
+    /// A client's view of the image for [`Protection::Keys`]: writable in
+    /// its page tables, its pages tagged with the process's protection key,
+    /// so that only [`RegionView::write_pool`] may store through it.
+    /// `None` where the CPU or kernel has no protection keys.
+    pub fn keyed_view(&self) -> Result<Option<RegionView>> {
+        let Some(key) = keys::process_key() else {
+            return Ok(None);
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .map_err(|e| Error::io("open image", &self.path, e))?;
+        let (map, mode) = map_file(&file, &self.path, self.len(), true)?;
+        map.assign_key(key)?;
+        Ok(Some(RegionView {
+            path: self.path.clone(),
+            _file: None,
+            map: Arc::new(map),
+            mode,
+            flush: super::cpu::FlushInstr::detect(),
+            key: Some(key),
+        }))
     }
 }
 
@@ -325,6 +352,9 @@ pub struct RegionView {
     map: Arc<Mapping>,
     mode: MapMode,
     flush: super::cpu::FlushInstr,
+    /// The protection key of a [keyed view](Region::keyed_view): its page
+    /// tables allow stores, the threads' rights to the key do not.
+    key: Option<u32>,
 }
 
 /// How long a client's data pages stay writable (DESIGN §8).
@@ -337,10 +367,17 @@ pub enum Protection {
     /// first of them was, whichever comes first. A page no file holds by
     /// then (an overwrite replaced it) stays writable for this client
     /// until Kfs grants it to another.
-    #[default]
     Batched,
     /// Pool pages stay writable after their commit.
     Off,
+    /// The client's view is tagged with a memory protection key: no thread
+    /// may store through it except the library's own copy of a write's
+    /// data, for as long as that copy takes (see [`keys`]). No page's
+    /// protection ever changes, so freed pages are reused at once, as
+    /// under `off`. Where the CPU or kernel has no protection keys, a
+    /// client asking for this mode gets [`Protection::Batched`].
+    #[default]
+    Keys,
 }
 
 /// Most committed pages a client's thread may leave writable under
@@ -352,7 +389,12 @@ pub const BATCH_TIME: std::time::Duration = std::time::Duration::from_millis(10)
 
 impl Protection {
     /// Every mode.
-    pub const ALL: [Protection; 3] = [Protection::Strict, Protection::Batched, Protection::Off];
+    pub const ALL: [Protection; 4] = [
+        Protection::Strict,
+        Protection::Batched,
+        Protection::Off,
+        Protection::Keys,
+    ];
 
     /// The mode's name, as [`FromStr`](std::str::FromStr) takes it.
     pub fn name(self) -> &'static str {
@@ -360,6 +402,7 @@ impl Protection {
             Protection::Strict => "strict",
             Protection::Batched => "batched",
             Protection::Off => "off",
+            Protection::Keys => "keys",
         }
     }
 }
@@ -419,6 +462,7 @@ impl RegionView {
             map: Arc::new(map),
             mode,
             flush: super::cpu::FlushInstr::detect(),
+            key: None,
         })
     }
 
@@ -444,12 +488,24 @@ impl RegionView {
 
     /// Copies bytes at `offset` out of the image.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if let Some(key) = self.key {
+            keys::allow_reads(key);
+        }
         self.map.read(offset, buf)
     }
 
     /// Atomically loads the aligned 8-byte word at `offset`.
     pub fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
+        if let Some(key) = self.key {
+            keys::allow_reads(key);
+        }
         self.map.load_u64(offset, order)
+    }
+
+    /// Whether stores through this view are ruled by a protection key
+    /// ([`Region::keyed_view`]) rather than by page protection.
+    pub fn is_keyed(&self) -> bool {
+        self.key.is_some()
     }
 
     /// A handle with which Kfs changes the protection of this view's pages.
@@ -470,6 +526,7 @@ impl RegionView {
     /// [`RegionView::fence`]. The pages must be in this client's pool (made
     /// writable by Kfs); a store into any other page faults.
     pub fn write_pool(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let _window = self.key.map(keys::WriteWindow::open);
         self.map.copy_in_nt(offset, data, self.flush)
     }
 

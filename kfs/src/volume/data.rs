@@ -550,7 +550,7 @@ impl Volume {
             // since each run costs a protection change, the lowest long
             // run.
             let lowest_ready = match protection {
-                Protection::Off => true,
+                Protection::Off | Protection::Keys => true,
                 Protection::Strict => false,
                 Protection::Batched => match &self.data.clients[&caller.client].view {
                     Some(v) => self
@@ -760,7 +760,7 @@ impl Volume {
             return;
         };
         match c.protection {
-            Protection::Off => {}
+            Protection::Off | Protection::Keys => {}
             Protection::Strict => {
                 for e in extents.as_slice() {
                     v.set(e.start, u64::from(e.len), false, &mut self.data.changes);
