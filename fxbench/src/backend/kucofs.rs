@@ -5,7 +5,7 @@
 //! Options, joined with `+` (commas separate backends): `queued` (every
 //! change goes to the Kfs thread through the request slots, even when Kfs is
 //! idle), `nohints` (collaborative indexing off: Kfs resolves every queued
-//! path itself), `protect=strict|batched|off` (the library's
+//! path itself), `protect=strict|batched|off|keys` (the library's
 //! `Config::protection`), `huge` (the log, index and data pages in huge
 //! pages: `ServerConfig::huge_pages`), `size=SIZE` (the image's size,
 //! default 8G; the file is sparse), `image=PATH` (where to make it).
@@ -264,7 +264,7 @@ mod tests {
         assert!(msg.contains("strict, batched, off"), "{msg}");
         let msg = Options::parse("fast").unwrap_err();
         assert!(msg.contains("unknown option `fast`"), "{msg}");
-        assert!(msg.contains("protect=strict|batched|off"), "{msg}");
+        assert!(msg.contains("protect=strict|batched|off|keys"), "{msg}");
         assert!(Options::parse("size=lots").is_err());
     }
 
