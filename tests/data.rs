@@ -257,7 +257,7 @@ fn huge_pages_hold_the_image_and_change_no_byte() {
     fs.write("before", pattern(3 << 20, 1)).unwrap();
     fs.close().unwrap();
     let mut config = kucofs::Config::default();
-    config.server.huge_pages = true;
+    config.server.huge_pages = Some(true);
     let fs = Fs::open_with(&path, config).unwrap();
     // Kfs provisions the log, the index and the data pages ahead of use
     // on its own thread: give it a moment, writing meanwhile.

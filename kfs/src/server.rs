@@ -46,8 +46,12 @@ pub struct ServerConfig {
     pub idle_checkpoint: Duration,
     /// For an image on tmpfs: hold the log, the index and the data pages
     /// in huge pages (2 MiB), made as they come into use (see
-    /// [`Volume::enable_huge_pages`]).
-    pub huge_pages: bool,
+    /// [`Volume::enable_huge_pages`]). `None` (the default) leaves the
+    /// choice to whoever starts Kfs: the embedded library turns them on
+    /// when its view of the image never changes protection (protection
+    /// keys), since page-by-page protection changes split huge mappings;
+    /// Kfs alone takes `None` as off.
+    pub huge_pages: Option<bool>,
 }
 
 impl Default for ServerConfig {
@@ -57,7 +61,7 @@ impl Default for ServerConfig {
             yield_for: Duration::from_millis(2),
             sleep: Duration::from_millis(100),
             idle_checkpoint: Duration::from_millis(500),
-            huge_pages: false,
+            huge_pages: None,
         }
     }
 }
@@ -370,7 +374,7 @@ impl Kfs {
         let readers = Readers::default();
         let mut volume = volume;
         volume.set_readers(readers.clone());
-        if config.huge_pages {
+        if config.huge_pages == Some(true) {
             volume.enable_huge_pages();
         }
         let nudge = Arc::new(Nudge {

@@ -387,6 +387,9 @@ impl Fs {
         if config.protection == Protection::Keys && keyed.is_none() {
             config.protection = Protection::Batched;
         }
+        // Huge pages pay where no protection change splits the view's
+        // huge mappings.
+        config.server.huge_pages.get_or_insert(keyed.is_some());
         let region = match keyed {
             Some(view) => view,
             None => volume.image().region().view().map_err(common_err)?,
@@ -475,7 +478,7 @@ impl Fs {
 
     /// Bytes of the image and of the index that huge pages hold, with
     /// [`ServerConfig::huge_pages`](kucofs_kfs::ServerConfig::huge_pages)
-    /// set (zero without it, or where the kernel makes none).
+    /// on (zero with it off, or where the kernel makes none).
     pub fn huge_page_bytes(&self) -> io::Result<u64> {
         self.with_kfs(|k| k.huge_bytes().ok_or(Errno::ENOTCONN))
     }

@@ -6,8 +6,9 @@
 //! change goes to the Kfs thread through the request slots, even when Kfs is
 //! idle), `nohints` (collaborative indexing off: Kfs resolves every queued
 //! path itself), `protect=strict|batched|off|keys` (the library's
-//! `Config::protection`), `huge` (the log, index and data pages in huge
-//! pages: `ServerConfig::huge_pages`), `size=SIZE` (the image's size,
+//! `Config::protection`), `huge` and `nohuge` (the log, index and data pages in huge
+//! pages, or not: `ServerConfig::huge_pages`; by default the library's
+//! choice, on under `keys`), `size=SIZE` (the image's size,
 //! default 8G; the file is sparse), `image=PATH` (where to make it).
 
 use std::collections::BTreeMap;
@@ -36,7 +37,7 @@ struct Options {
     collaborative: bool,
     direct: bool,
     protection: Protection,
-    huge: bool,
+    huge: Option<bool>,
     size: u64,
     image: PathBuf,
 }
@@ -48,7 +49,7 @@ impl Options {
             collaborative: true,
             direct: true,
             protection: Protection::default(),
-            huge: false,
+            huge: None,
             size: 8 << 30,
             // One image per backend of a run: a run may list several.
             image: PathBuf::from(format!(
@@ -61,13 +62,14 @@ impl Options {
             match opt.split_once('=') {
                 None if opt == "nohints" => options.collaborative = false,
                 None if opt == "queued" => options.direct = false,
-                None if opt == "huge" => options.huge = true,
+                None if opt == "huge" => options.huge = Some(true),
+                None if opt == "nohuge" => options.huge = Some(false),
                 Some(("protect", v)) => options.protection = v.parse()?,
                 Some(("size", v)) => options.size = kucofs_common::size::parse_size(v)?,
                 Some(("image", v)) => options.image = PathBuf::from(v),
                 _ => {
                     return Err(format!(
-                        "unknown option `{opt}` (expected queued, nohints, huge, \
+                        "unknown option `{opt}` (expected queued, nohints, huge, nohuge, \
                          protect={}, size=SIZE or image=PATH)",
                         Protection::ALL.map(Protection::name).join("|")
                     ))
@@ -242,14 +244,17 @@ mod tests {
                 collaborative: false,
                 direct: false,
                 protection: Protection::Batched,
-                huge: true,
+                huge: Some(true),
                 size: 64 << 20,
                 image: PathBuf::from("/tmp/x.img"),
             }
         );
         let d = Options::parse("").unwrap();
-        assert!(d.collaborative && d.direct && !d.huge);
-        assert!(o.config().server.huge_pages && !d.config().server.huge_pages);
+        assert!(d.collaborative && d.direct && d.huge.is_none());
+        assert_eq!(o.config().server.huge_pages, Some(true));
+        assert_eq!(d.config().server.huge_pages, None);
+        let n = Options::parse("nohuge").unwrap();
+        assert_eq!(n.config().server.huge_pages, Some(false));
         assert_eq!(d.protection, Protection::default());
         assert_eq!(d.size, 8 << 30);
         for p in Protection::ALL {
