@@ -281,7 +281,9 @@ fn huge_pages_hold_the_image_and_change_no_byte() {
     assert_eq!(fs.read("before").unwrap(), pattern(3 << 20, 1));
     assert_eq!(fs.read("after").unwrap(), pattern(5 << 20, 2));
     fs.simulate_crash();
-    let fs = Fs::open(&path).unwrap();
+    let mut config = kucofs::Config::default();
+    config.server.huge_pages = Some(false);
+    let fs = Fs::open_with(&path, config).unwrap();
     assert_eq!(fs.huge_page_bytes().unwrap(), 0);
     assert_eq!(fs.read("before").unwrap(), pattern(3 << 20, 1));
     assert_eq!(fs.read("after").unwrap(), pattern(5 << 20, 2));
