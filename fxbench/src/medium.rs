@@ -105,7 +105,7 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
         let view = region.view().context("map a client view")?;
         view_touch(&view, SMALL);
         let protect = |pages: u64, iters: u64| -> anyhow::Result<f64> {
-            let p = view.protector();
+            let p = view.protector().context("an unkeyed view's protector")?;
             let span = SMALL / PAGE - pages;
             let mut i = 0;
             let per_call = ns_per(iters, || {

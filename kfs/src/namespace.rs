@@ -117,14 +117,16 @@ pub const STAMP_LEAD: i64 = 1_000_000;
 /// stamps go back with it, as the kernel's do. Batch deadlines and other
 /// timing use [`now_ns`].
 pub fn stamp_ns() -> i64 {
-    // Relaxed: the stamp orders nothing else; the read-modify-write alone
-    // keeps stamps increasing across threads. The clock is read inside
-    // the update, after the last stamp is loaded: a tick read before it
-    // may be older than the one the last stamp was made from (this thread
-    // was preempted between the two), and would look like a clock set
-    // back by more than `STAMP_LEAD`, taking the stamp back with it.
+    // The read-modify-write alone keeps stamps increasing across threads.
+    // The clock is read inside the update, after the last stamp is
+    // loaded: a tick read before it may be older than the one the last
+    // stamp was made from (this thread was preempted between the two),
+    // and would look like a clock set back by more than `STAMP_LEAD`,
+    // taking the stamp back with it. Acquire: the clock read stays after
+    // that load (it pairs with the compare-and-swap that stored the last
+    // stamp, which followed its own clock read).
     let mut stamp = 0;
-    let _ = LAST_STAMP.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+    let _ = LAST_STAMP.fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
         stamp = next_stamp(last, coarse_ns());
         Some(stamp)
     });

@@ -22,7 +22,7 @@ use kucofs_common::index::blockmap::{
 };
 use kucofs_common::index::layout::I_SIZE;
 use kucofs_common::index::Kind;
-use kucofs_common::pm::Words;
+use kucofs_common::pm::{PoolWriter, Words};
 use kucofs_common::proto::{open, Extents, Request, COMMIT_PAGES_MAX};
 use kucofs_common::Errno;
 
@@ -442,6 +442,9 @@ impl File {
     /// Only those two pages read the map.
     fn fill_pages(&self, extents: &Extents, first: u64, at: u64, data: &[u8]) -> io::Result<()> {
         let region = &self.fs.region;
+        // One writer (under protection keys, one window) for the whole
+        // chunk's copies.
+        let pool = region.pool_writer();
         let end = at + data.len() as u64;
         for (i, dst) in extents.iter_pages().enumerate() {
             let fp = first + i as u64;
@@ -449,9 +452,9 @@ impl File {
             let (ds, de) = (at.max(ps), end.min(pe));
             let src = &data[(ds - at) as usize..(de - at) as usize];
             if ds == ps && de == pe {
-                region.write_pool(dst * PAGE, src).map_err(common_err)?;
+                pool.write(dst * PAGE, src).map_err(common_err)?;
             } else {
-                self.fill_partial(dst, fp, (ds - ps) as usize, src)?;
+                self.fill_partial(&pool, dst, fp, (ds - ps) as usize, src)?;
             }
         }
         Ok(())
@@ -459,15 +462,19 @@ impl File {
 
     /// Fills pool page `dst` with file page `fp`: `src` at byte `at` of
     /// it, the old bytes around.
-    fn fill_partial(&self, dst: u64, fp: u64, at: usize, src: &[u8]) -> io::Result<()> {
+    fn fill_partial(
+        &self,
+        pool: &PoolWriter<'_>,
+        dst: u64,
+        fp: u64,
+        at: usize,
+        src: &[u8],
+    ) -> io::Result<()> {
         let mut page = [0u8; PAGE as usize];
         self.fs
             .with_index(|r| self.old_page(r.mem(), fp, &mut page))??;
         page[at..at + src.len()].copy_from_slice(src);
-        self.fs
-            .region
-            .write_pool(dst * PAGE, &page)
-            .map_err(common_err)
+        pool.write(dst * PAGE, &page).map_err(common_err)
     }
 
     /// Copies file page `fp` into `page`: its bytes inside the file (past

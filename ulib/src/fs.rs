@@ -380,8 +380,10 @@ impl Fs {
         let mut config = config;
         // Keys where the machine has them; otherwise batched page
         // protection, the next fastest bounded mode.
+        // A view the kernel would not tag (out of memory for the page
+        // tables, say) is no reason to fail the open either.
         let keyed = match config.protection {
-            Protection::Keys => volume.image().region().keyed_view().map_err(common_err)?,
+            Protection::Keys => volume.image().region().keyed_view().ok().flatten(),
             _ => None,
         };
         if config.protection == Protection::Keys && keyed.is_none() {
@@ -408,7 +410,7 @@ impl Fs {
                 segment: segment.map_again().map_err(common_err)?,
                 creds,
                 // A keyed view's page protection never changes.
-                protector: (!region.is_keyed()).then(|| region.protector()),
+                protector: region.protector(),
                 protection: config.protection,
             })
             .map_err(kfs_err)?;

@@ -21,7 +21,20 @@
 //! allowed on the calling thread ([`allow_reads`]).
 
 use std::arch::asm;
+use std::marker::PhantomData;
 use std::sync::OnceLock;
+
+/// The process's protection key for keyed views. Only [`process_key`]
+/// makes one, so holding it proves the CPU and kernel have keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key(u32);
+
+impl Key {
+    /// The key's number, as `pkey_mprotect` takes it.
+    pub fn number(self) -> u32 {
+        self.0
+    }
+}
 
 /// `pkey_alloc`'s access right "no stores" (linux/mman.h).
 const PKEY_DISABLE_WRITE: libc::c_long = 2;
@@ -38,27 +51,27 @@ fn write_denied(key: u32) -> u32 {
 
 /// The process's key for keyed views; `None` where the CPU or kernel has
 /// no protection keys, or all of them are taken.
-pub fn process_key() -> Option<u32> {
-    static KEY: OnceLock<Option<u32>> = OnceLock::new();
+pub fn process_key() -> Option<Key> {
+    static KEY: OnceLock<Option<Key>> = OnceLock::new();
     *KEY.get_or_init(|| {
         // SAFETY: pkey_alloc takes two integers and touches no memory of
         // ours. PKEY_DISABLE_WRITE sets this thread's rights for the new
         // key to "loads only".
         let key = unsafe { libc::syscall(libc::SYS_pkey_alloc, 0, PKEY_DISABLE_WRITE) };
         // PKRU holds 16 keys; the kernel never hands out key 0.
-        (1..16).contains(&key).then_some(key as u32)
+        (1..16).contains(&key).then_some(Key(key as u32))
     })
 }
 
 /// This thread's PKRU.
 fn rdpkru() -> u32 {
-    let (eax, _edx): (u32, u32);
+    let eax: u32;
     // SAFETY: RDPKRU reads a register into EAX (and zeroes EDX) with ECX
-    // zero; it touches no memory. It is only reached once `process_key`
-    // returned a key, which the kernel allocates only where CR4.PKE is set
-    // (otherwise the instruction would raise #UD).
+    // zero; it touches no memory. Every caller holds a `Key`, which only
+    // `process_key` makes, and the kernel allocates keys only where
+    // CR4.PKE is set (otherwise the instruction would raise #UD).
     unsafe {
-        asm!("rdpkru", in("ecx") 0u32, out("eax") eax, out("edx") _edx,
+        asm!("rdpkru", in("ecx") 0u32, out("eax") eax, out("edx") _,
              options(nomem, nostack, preserves_flags));
     }
     eax
@@ -68,8 +81,8 @@ fn rdpkru() -> u32 {
 ///
 /// # Safety
 ///
-/// Only after [`process_key`] returned a key (PKU enabled). The value must
-/// leave key 0 (all ordinary memory) accessible.
+/// Only with a [`Key`] in hand (PKU enabled). The value must leave key 0
+/// (all ordinary memory) accessible.
 unsafe fn wrpkru(value: u32) {
     // SAFETY: WRPKRU writes EAX to PKRU with ECX and EDX zero; it is
     // ordered with earlier and later memory accesses, so no load or store
@@ -81,41 +94,51 @@ unsafe fn wrpkru(value: u32) {
     }
 }
 
-/// Makes sure this thread may load through pages of `key` (stores stay
-/// denied). A register read when it may already, which is nearly always.
-pub fn allow_reads(key: u32) {
+/// Makes sure this thread may load through pages of `key`: a thread
+/// denied all access to it gets loads (and still no stores). A register
+/// read when it may already, which is nearly always; an open
+/// [`WriteWindow`] stays open.
+pub fn allow_reads(key: Key) {
     let pkru = rdpkru();
-    let want = (pkru & !access_denied(key)) | write_denied(key);
-    if pkru != want {
-        // SAFETY: `key` came from `process_key`; only its bits change.
-        unsafe { wrpkru(want) };
+    if pkru & access_denied(key.0) != 0 {
+        // SAFETY: a `Key` is never key 0; only its bits change.
+        unsafe { wrpkru((pkru & !access_denied(key.0)) | write_denied(key.0)) };
     }
 }
 
-/// While it lives, this thread may store through pages of the key it was
-/// opened for; dropping it denies stores again (also on unwinding).
+/// While it lives, the thread that opened it may store through pages of
+/// its key; dropping it denies those stores again (also on unwinding). It
+/// cannot leave its thread, whose register it changes.
 #[derive(Debug)]
 #[must_use = "stores are allowed only while the window lives"]
 pub struct WriteWindow {
-    closed: u32,
+    key: Key,
+    /// Not `Send`: dropped on another thread, it would change that
+    /// thread's rights and leave this one's open.
+    _thread: PhantomData<*const ()>,
 }
 
 impl WriteWindow {
-    /// Allows this thread's stores through pages of `key`.
-    pub fn open(key: u32) -> WriteWindow {
-        let pkru = rdpkru();
-        let closed = (pkru & !access_denied(key)) | write_denied(key);
-        // SAFETY: `key` came from `process_key`; only its bits change.
-        unsafe { wrpkru(closed & !write_denied(key)) };
-        WriteWindow { closed }
+    /// Allows this thread's loads and stores through pages of `key`.
+    pub fn open(key: Key) -> WriteWindow {
+        let pkru = rdpkru() & !(access_denied(key.0) | write_denied(key.0));
+        // SAFETY: a `Key` is never key 0; only its bits change.
+        unsafe { wrpkru(pkru) };
+        WriteWindow {
+            key,
+            _thread: PhantomData,
+        }
     }
 }
 
 impl Drop for WriteWindow {
     fn drop(&mut self) {
-        // SAFETY: the value `open` computed from this thread's PKRU, with
-        // stores through the key denied again.
-        unsafe { wrpkru(self.closed) };
+        // Only the key's stores are denied again: whatever else changed
+        // this thread's rights meanwhile (a nested window of the same key
+        // closes the outer one too, so windows are not nested) stays.
+        let pkru = (rdpkru() & !access_denied(self.key.0)) | write_denied(self.key.0);
+        // SAFETY: a `Key` is never key 0; only its bits change.
+        unsafe { wrpkru(pkru) };
     }
 }
 
@@ -136,26 +159,29 @@ mod tests {
             println!("SKIPPED: this CPU or kernel has no memory protection keys");
             return;
         };
+        let bits = access_denied(key.0) | write_denied(key.0);
         allow_reads(key);
         let before = rdpkru();
-        assert_eq!(
-            before & (access_denied(key) | write_denied(key)),
-            write_denied(key)
-        );
+        assert_eq!(before & bits, write_denied(key.0));
         {
             let _w = WriteWindow::open(key);
-            assert_eq!(rdpkru() & (access_denied(key) | write_denied(key)), 0);
+            assert_eq!(rdpkru() & bits, 0);
+            // A read inside the window leaves it open.
+            allow_reads(key);
+            assert_eq!(rdpkru() & bits, 0);
         }
         assert_eq!(rdpkru(), before);
-        // A thread whose PKRU denies all access to the key gets loads back.
+        // A thread whose PKRU denies all access to the key gets loads back,
+        // and a window it opens and closes leaves it with loads only.
         std::thread::spawn(move || {
             // SAFETY: only the key's bits change.
-            unsafe { wrpkru(rdpkru() | access_denied(key)) };
+            unsafe { wrpkru(rdpkru() | access_denied(key.0)) };
             allow_reads(key);
-            assert_eq!(
-                rdpkru() & (access_denied(key) | write_denied(key)),
-                write_denied(key)
-            );
+            assert_eq!(rdpkru() & bits, write_denied(key.0));
+            // SAFETY: as above.
+            unsafe { wrpkru(rdpkru() | access_denied(key.0)) };
+            drop(WriteWindow::open(key));
+            assert_eq!(rdpkru() & bits, write_denied(key.0));
         })
         .join()
         .unwrap();

@@ -408,12 +408,10 @@ impl Mapping {
         })
     }
 
-    /// Changes the protection of the whole pages `[offset, offset + len)`
-    /// (page-aligned) to read-write or read-only.
     /// Makes the whole mapping readable and writable in its page tables
     /// and tags its pages with protection key `key`, so that each thread's
     /// rights to the key decide what it may do (see [`super::keys`]).
-    pub(super) fn assign_key(&self, key: u32) -> Result<()> {
+    pub(super) fn assign_key(&self, key: u32) -> std::io::Result<()> {
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         // SAFETY: the range is exactly this live mapping; the call changes
         // page-table entries, not memory contents, and no Rust reference
@@ -428,15 +426,14 @@ impl Mapping {
             )
         };
         if r == 0 {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
         }
-        Err(Error::Io {
-            action: "tag with a protection key",
-            path: "a region view".into(),
-            cause: std::io::Error::last_os_error(),
-        })
     }
 
+    /// Changes the protection of the whole pages `[offset, offset + len)`
+    /// (page-aligned) to read-write or read-only.
     pub(super) fn protect(&self, offset: u64, len: u64, writable: bool) -> Result<()> {
         let n = usize::try_from(len).map_err(|_| Error::Misaligned {
             offset,

@@ -20,7 +20,9 @@ pub use cpu::{prefetch, FlushInstr};
 pub use mapping::{Media, HUGE_PAGE};
 pub use persist::{Hardware, Persist};
 pub use recorder::{InFlight, InFlightKind, Recorder};
-pub use region::{MapMode, Protection, Protector, Region, RegionView, BATCH_PAGES, BATCH_TIME};
+pub use region::{
+    MapMode, PoolWriter, Protection, Protector, Region, RegionView, BATCH_PAGES, BATCH_TIME,
+};
 pub use shm::{Shm, ShmView, Words};
 
 /// Size of a CPU cache line, the unit in which stores become persistent.

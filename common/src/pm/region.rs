@@ -299,50 +299,47 @@ impl Region {
     /// through the view's [`Protector`] (so the file is opened read-write,
     /// which `mprotect` needs, while the mapping itself starts read-only).
     pub fn view(&self) -> Result<RegionView> {
+        self.map_view(None)
+    }
+
+    /// A client's view of the image for [`Protection::Keys`]: writable in
+    /// its page tables, its pages tagged with the process's protection key,
+    /// so that only a [`PoolWriter`] may store through it. `None` where the
+    /// CPU or kernel has no protection keys.
+    pub fn keyed_view(&self) -> Result<Option<RegionView>> {
+        keys::process_key()
+            .map(|key| self.map_view(Some(key)))
+            .transpose()
+    }
+
+    /// Maps a client's view, tagged with `key` if there is one. The
+    /// mapping starts read-only and becomes writable only together with
+    /// its tag, in one call.
+    fn map_view(&self, key: Option<keys::Key>) -> Result<RegionView> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .open(&self.path)
             .map_err(|e| Error::io("open image", &self.path, e))?;
         let (map, mode) = map_file(&file, &self.path, self.len(), false)?;
+        if let Some(key) = key {
+            map.assign_key(key.number())
+                .map_err(|e| Error::io("tag with a protection key a view of", &self.path, e))?;
+        }
         Ok(RegionView {
             path: self.path.clone(),
             _file: None,
             map: Arc::new(map),
             mode,
             flush: super::cpu::FlushInstr::detect(),
-            key: None,
+            key,
         })
-    }
-
-    /// A client's view of the image for [`Protection::Keys`]: writable in
-    /// its page tables, its pages tagged with the process's protection key,
-    /// so that only [`RegionView::write_pool`] may store through it.
-    /// `None` where the CPU or kernel has no protection keys.
-    pub fn keyed_view(&self) -> Result<Option<RegionView>> {
-        let Some(key) = keys::process_key() else {
-            return Ok(None);
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&self.path)
-            .map_err(|e| Error::io("open image", &self.path, e))?;
-        let (map, mode) = map_file(&file, &self.path, self.len(), true)?;
-        map.assign_key(key)?;
-        Ok(Some(RegionView {
-            path: self.path.clone(),
-            _file: None,
-            map: Arc::new(map),
-            mode,
-            flush: super::cpu::FlushInstr::detect(),
-            key: Some(key),
-        }))
     }
 }
 
 /// A read-only mapping of an image: what a client maps, and what read-only
-/// tools (`info`, `fsck`) open. Any store through its address faults.
+/// tools (`info`, `fsck`) open. Any store through its address faults,
+/// except a [`PoolWriter`]'s into pool pages.
 #[derive(Debug)]
 pub struct RegionView {
     path: PathBuf,
@@ -354,7 +351,26 @@ pub struct RegionView {
     flush: super::cpu::FlushInstr,
     /// The protection key of a [keyed view](Region::keyed_view): its page
     /// tables allow stores, the threads' rights to the key do not.
-    key: Option<u32>,
+    key: Option<keys::Key>,
+}
+
+/// Stores into a client's pool pages ([`RegionView::pool_writer`]).
+#[derive(Debug)]
+pub struct PoolWriter<'a> {
+    view: &'a RegionView,
+    /// Open while this lives, for a keyed view.
+    _window: Option<keys::WriteWindow>,
+}
+
+impl PoolWriter<'_> {
+    /// Copies `data` to `offset` with non-temporal stores: persistent after
+    /// [`RegionView::fence`]. The pages must be in this client's pool: Kfs
+    /// made them writable, or the view is keyed (whose window lets this
+    /// thread store anywhere in the view, so the library writes only
+    /// through here, and only into its pool).
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.view.map.copy_in_nt(offset, data, self.view.flush)
+    }
 }
 
 /// How long a client's data pages stay writable (DESIGN §8).
@@ -508,11 +524,14 @@ impl RegionView {
         self.key.is_some()
     }
 
-    /// A handle with which Kfs changes the protection of this view's pages.
-    pub fn protector(&self) -> Protector {
-        Protector {
+    /// A handle with which Kfs changes the protection of this view's pages;
+    /// `None` for a keyed view, whose page protection never changes (and
+    /// whose pages Kfs could not populate for writing: the kernel checks
+    /// the populating thread's rights to the key).
+    pub fn protector(&self) -> Option<Protector> {
+        self.key.is_none().then(|| Protector {
             map: self.map.clone(),
-        }
+        })
     }
 
     /// Asks the CPU to start loading the cache line at `offset`, and with it
@@ -522,15 +541,19 @@ impl RegionView {
         self.map.prefetch(offset)
     }
 
-    /// Copies `data` to `offset` with non-temporal stores: persistent after
-    /// [`RegionView::fence`]. The pages must be in this client's pool (made
-    /// writable by Kfs); a store into any other page faults.
-    pub fn write_pool(&self, offset: u64, data: &[u8]) -> Result<()> {
-        let _window = self.key.map(keys::WriteWindow::open);
-        self.map.copy_in_nt(offset, data, self.flush)
+    /// What copies a write's data into this client's pool pages. For a
+    /// keyed view it opens the calling thread's write window, which stays
+    /// open until it is dropped: make one for a write's copies, not one
+    /// per page (a window costs two PKRU writes), and none that outlives
+    /// them.
+    pub fn pool_writer(&self) -> PoolWriter<'_> {
+        PoolWriter {
+            view: self,
+            _window: self.key.map(keys::WriteWindow::open),
+        }
     }
 
-    /// Orders the earlier [`RegionView::write_pool`] copies before later
+    /// Orders the earlier [`PoolWriter::write`] copies before later
     /// stores: they are persistent once it returns.
     pub fn fence(&self) {
         super::cpu::sfence();
@@ -684,6 +707,52 @@ mod tests {
             .find_map(|l| l.strip_prefix("ShmemPmdMapped:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// The value of field `name` in `/proc/self/smaps` for the mapping
+    /// starting at `addr`.
+    fn smaps_field(addr: usize, name: &str) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let head = format!("{addr:x}-");
+        smaps
+            .lines()
+            .skip_while(|l| !l.starts_with(&head))
+            .skip(1)
+            .take_while(|l| !l.contains(" ") || l.contains(':'))
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+    }
+
+    #[test]
+    fn a_keyed_view_is_tagged_and_written_only_through_a_pool_writer() {
+        let dir = shm_dir();
+        let path = dir.path().join("img");
+        let r = Region::create(&path, 4 << 20, false).unwrap();
+        let Some(view) = r.keyed_view().unwrap() else {
+            println!("SKIPPED: this CPU or kernel has no memory protection keys");
+            return;
+        };
+        let key = keys::process_key().unwrap();
+        assert!(view.is_keyed() && view.protector().is_none());
+        assert_eq!(
+            smaps_field(view.map.addr(), "ProtectionKey:"),
+            Some(key.number().to_string())
+        );
+        let data: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
+        view.pool_writer().write(4096, &data).unwrap();
+        view.fence();
+        let mut back = vec![0; data.len()];
+        view.read(4096, &mut back).unwrap();
+        assert_eq!(back, data);
+        // Kfs's own mapping sees the same bytes.
+        r.read(4096, &mut back).unwrap();
+        assert_eq!(back, data);
+        // An unkeyed view of the same image is untagged.
+        let plain = r.view().unwrap();
+        assert!(!plain.is_keyed() && plain.protector().is_some());
+        assert_eq!(
+            smaps_field(plain.map.addr(), "ProtectionKey:").as_deref(),
+            Some("0")
+        );
     }
 
     #[test]

@@ -266,11 +266,7 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
 /// and its open for writing of file "f".
 fn batched_writer(v: &mut Volume) -> (kucofs_common::pm::RegionView, Reply) {
     let view = v.image().region().view().unwrap();
-    v.attach_client(
-        0,
-        Some(view.protector()),
-        kucofs_common::pm::Protection::Batched,
-    );
+    v.attach_client(0, view.protector(), kucofs_common::pm::Protection::Batched);
     let f = open_for_write(v, ME, "f");
     assert_eq!(f.errno, 0);
     (view, f)
@@ -291,7 +287,7 @@ fn batched_writer_and_a_client_under_off(
     let other_view = v.image().region().view().unwrap();
     v.attach_client(
         1,
-        Some(other_view.protector()),
+        other_view.protector(),
         kucofs_common::pm::Protection::Off,
     );
     (view, f, other_view, Caller { client: 1, ..ME })
@@ -345,7 +341,7 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
     let view = v.image().region().view().unwrap();
     for (client, mode) in [(0, Protection::Strict), (1, Protection::Batched)] {
         let me = Caller { client, ..ME };
-        v.attach_client(client, Some(view.protector()), mode);
+        v.attach_client(client, view.protector(), mode);
         let f = open_for_write(&mut v, me, &format!("f{client}"));
         assert_eq!(f.errno, 0);
         let g = v.handle(&Request::Grant { pages: 4 }, me);
@@ -535,7 +531,7 @@ fn a_page_whose_change_failed_is_changed_at_the_next_decision() {
     let_the_batches_expire(&mut v);
     assert_eq!(perms(&view, g.inode), "r-");
     // As if that flip had failed: still writable, and said so.
-    view.protector().set(g.inode, 1, true).unwrap();
+    view.protector().unwrap().set(g.inode, 1, true).unwrap();
     v.protection_failed(&[Failure {
         client: 0,
         first: g.inode,
@@ -763,7 +759,7 @@ fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
     ] {
         let me = Caller { client, ..ME };
         let other_slot = Caller { slot: 1, ..me };
-        v.attach_client(client, Some(view.protector()), mode);
+        v.attach_client(client, view.protector(), mode);
         let g = v.handle(&Request::Grant { pages: 4 }, other_slot);
         assert_eq!((g.errno, g.value), (0, 4));
         assert_eq!(perms(&view, g.inode), "rw");
