@@ -378,24 +378,27 @@ impl Fs {
         let volume = Volume::open(image.as_ref()).map_err(kfs_err)?;
         let index = volume.namespace().shm().view().map_err(common_err)?;
         let mut config = config;
-        // Keys where the machine has them; otherwise batched page
-        // protection, the next fastest bounded mode.
-        // A view the kernel would not tag (out of memory for the page
-        // tables, say) is no reason to fail the open either.
+        // Keys where the machine has them and the kernel tags the view;
+        // otherwise batched page protection, the next fastest bounded mode
+        // (a view the kernel would not tag is no reason to fail the open).
         let keyed = match config.protection {
             Protection::Keys => volume.image().region().keyed_view().ok().flatten(),
             _ => None,
         };
-        if config.protection == Protection::Keys && keyed.is_none() {
-            config.protection = Protection::Batched;
-        }
-        // Huge pages pay where no protection change splits the view's
-        // huge mappings.
-        config.server.huge_pages.get_or_insert(keyed.is_some());
         let region = match keyed {
             Some(view) => view,
-            None => volume.image().region().view().map_err(common_err)?,
+            None => {
+                if config.protection == Protection::Keys {
+                    config.protection = Protection::Batched;
+                }
+                volume.image().region().view().map_err(common_err)?
+            }
         };
+        // Kfs changes the view's page protection through this; a keyed
+        // view has none, since its protection never changes. Huge pages pay
+        // there, where no protection change splits the view's huge mappings.
+        let protector = region.protector();
+        config.server.huge_pages.get_or_insert(protector.is_none());
         let geometry = volume.image().superblock().geometry;
         let segment = Segment::create().map_err(common_err)?;
         let doorbell = Doorbell::create().map_err(common_err)?;
@@ -409,8 +412,7 @@ impl Fs {
             .attach(Client {
                 segment: segment.map_again().map_err(common_err)?,
                 creds,
-                // A keyed view's page protection never changes.
-                protector: region.protector(),
+                protector,
                 protection: config.protection,
             })
             .map_err(kfs_err)?;

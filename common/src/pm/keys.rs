@@ -11,8 +11,8 @@
 //! The process allocates one key, once, for every view it maps under
 //! [`Protection::Keys`](super::Protection::Keys). Each thread's PKRU denies
 //! stores through that key, except inside a [`WriteWindow`], which the
-//! library opens around its copy of a write's data into its pool pages and
-//! closes as soon as the copy is issued. A stray store by the application,
+//! library opens around its copies of a commit's data into its pool pages
+//! (a `PoolWriter`) and closes as soon as they are issued. A stray store by the application,
 //! from any thread and at any time, faults (`SIGSEGV`, `SEGV_PKUERR`).
 //!
 //! Threads that existed before the key was allocated, and signal

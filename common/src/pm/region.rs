@@ -518,12 +518,6 @@ impl RegionView {
         self.map.load_u64(offset, order)
     }
 
-    /// Whether stores through this view are ruled by a protection key
-    /// ([`Region::keyed_view`]) rather than by page protection.
-    pub fn is_keyed(&self) -> bool {
-        self.key.is_some()
-    }
-
     /// A handle with which Kfs changes the protection of this view's pages;
     /// `None` for a keyed view, whose page protection never changes (and
     /// whose pages Kfs could not populate for writing: the kernel checks
@@ -693,33 +687,24 @@ mod tests {
             .unwrap()
     }
 
-    /// The kibibytes of the mapping starting at `addr` that huge page
-    /// table entries map, from `/proc/self/smaps`.
-    fn pmd_mapped_kib(addr: usize) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let head = format!("{addr:x}-");
-        let vma = smaps
-            .split_inclusive('\n')
-            .skip_while(|l| !l.starts_with(&head))
-            .take_while(|l| !l.starts_with("VmFlags"))
-            .collect::<String>();
-        vma.lines()
-            .find_map(|l| l.strip_prefix("ShmemPmdMapped:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// The value of field `name` in `/proc/self/smaps` for the mapping
-    /// starting at `addr`.
+    /// The value of field `name` (with its colon) in `/proc/self/smaps`
+    /// for the mapping starting at `addr`; its fields end at `VmFlags`.
     fn smaps_field(addr: usize, name: &str) -> Option<String> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let head = format!("{addr:x}-");
         smaps
             .lines()
             .skip_while(|l| !l.starts_with(&head))
-            .skip(1)
-            .take_while(|l| !l.contains(" ") || l.contains(':'))
+            .take_while(|l| !l.starts_with("VmFlags"))
             .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+    }
+
+    /// The kibibytes of the mapping starting at `addr` that huge page
+    /// table entries map, from `/proc/self/smaps`.
+    fn pmd_mapped_kib(addr: usize) -> u64 {
+        smaps_field(addr, "ShmemPmdMapped:")
+            .and_then(|v| v.trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
     }
 
     #[test]
@@ -732,7 +717,7 @@ mod tests {
             return;
         };
         let key = keys::process_key().unwrap();
-        assert!(view.is_keyed() && view.protector().is_none());
+        assert!(view.protector().is_none());
         assert_eq!(
             smaps_field(view.map.addr(), "ProtectionKey:"),
             Some(key.number().to_string())
@@ -748,7 +733,7 @@ mod tests {
         assert_eq!(back, data);
         // An unkeyed view of the same image is untagged.
         let plain = r.view().unwrap();
-        assert!(!plain.is_keyed() && plain.protector().is_some());
+        assert!(plain.protector().is_some());
         assert_eq!(
             smaps_field(plain.map.addr(), "ProtectionKey:").as_deref(),
             Some("0")
