@@ -292,6 +292,42 @@ fn huge_pages_hold_the_image_and_change_no_byte() {
     assert!(report.problems.is_empty(), "{report}");
 }
 
+/// `Fs::settle` does at once the provisioning Kfs's thread would get to
+/// in its own time: afterwards the pages of a file just written, which
+/// the write took faster than that thread makes huge pages, are in huge
+/// pages, the thread finds nothing more to make huge, and the data reads
+/// back unchanged.
+#[test]
+fn settle_leaves_just_written_data_in_huge_pages() {
+    let Some((_d, path, fs)) = fresh() else {
+        return;
+    };
+    fs.close().unwrap();
+    let mut config = kucofs::Config::default();
+    config.server.huge_pages = Some(true);
+    let fs = Fs::open_with(&path, config).unwrap();
+    let data = pattern(16 << 20, 5);
+    fs.write("big", &data).unwrap();
+    fs.settle().unwrap();
+    let huge = fs.huge_page_bytes().unwrap();
+    if huge == 0 && !kernel_makes_huge_shmem() {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+        return;
+    }
+    assert!(huge >= 16 << 20, "only {huge} bytes in huge pages");
+    // Nothing was left for Kfs's thread to do: a while later, no more.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        fs.huge_page_bytes().unwrap(),
+        huge,
+        "provisioning was left due"
+    );
+    assert_eq!(fs.read("big").unwrap(), data);
+    fs.close().unwrap();
+    let report = kucofs_kfs::fsck(&path).unwrap();
+    assert!(report.problems.is_empty(), "{report}");
+}
+
 /// `len` bytes that differ from page to page and with `seed`.
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len)

@@ -52,9 +52,10 @@ pub trait Backend: fmt::Debug + Send + Sync {
     fn server_counters(&self) -> Option<ServerCounters> {
         None
     }
-    /// Does now, untimed, the background work a run left behind (KucoFS:
-    /// its idle checkpoint), so that it does not run beside the next
-    /// backend's timed phase in this process.
+    /// Does now, untimed, the background work that setup or a run left
+    /// behind (KucoFS: provisioning, and its idle checkpoint), so that it
+    /// runs beside neither this run's timed phase nor the next backend's
+    /// in this process: a run measures the steady state.
     fn settle(&self) -> io::Result<()> {
         Ok(())
     }

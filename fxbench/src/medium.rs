@@ -176,7 +176,7 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
     region.fill(0, LARGE, 1)?;
     let view = region.view().context("map a client view")?;
     view_touch(&view, LARGE);
-    let mut buf = vec![0u8; PAGE as usize];
+    let mut buf = crate::workload::buffer();
     let reads = 200_000u64;
     figures.push(Figure {
         what: VIEW_READ.into(),

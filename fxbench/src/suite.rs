@@ -151,6 +151,8 @@ fn setup_and_run(
     // The workers, and the files they hold open, are dropped before the
     // caller removes the directory.
     let mut workers = workload.setup(fs, dir, threads, params)?;
+    fs.settle()
+        .map_err(|e| OpFailure::new("settle after setup", dir, e))?;
     harness::run(fs, &mut workers, budget)
 }
 

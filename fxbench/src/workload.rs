@@ -23,6 +23,8 @@ mod rename;
 mod stat;
 mod unlink;
 
+pub(crate) use block::buffer;
+
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;

@@ -499,6 +499,24 @@ impl Kfs {
         v.checkpoint_if_dirty()
     }
 
+    /// Does now, on the calling thread, the provisioning that is due: the
+    /// index and the log populated ahead of use, and the data pages made
+    /// huge pages ahead of the grants and behind them (see
+    /// [`ServerConfig::huge_pages`]). The Kfs thread does this while idle,
+    /// a chunk at a time, beside whatever the clients do meanwhile.
+    /// Returns the chunks provisioned (none once Kfs has stopped).
+    pub fn provision(&self) -> usize {
+        let mut guard = self.nudge.provision.lock();
+        let Some(p) = guard.as_mut() else {
+            return 0;
+        };
+        let mut chunks = 0;
+        while p.step() {
+            chunks += 1;
+        }
+        chunks
+    }
+
     /// Bytes of the region and the index held in huge pages (see
     /// [`ServerConfig::huge_pages`]); `None` once the volume is closed.
     pub fn huge_bytes(&self) -> Option<u64> {

@@ -480,6 +480,21 @@ impl Fs {
         self.with_kfs(|k| k.checkpoint().map(drop))
     }
 
+    /// Does now, on this thread, the background work Kfs has due: the
+    /// provisioning that follows allocation (index and log pages populated
+    /// ahead of use; with huge pages, the data pages made huge ahead of
+    /// the writes and behind them, which copies what writes that outran
+    /// it put in small pages) and a checkpoint. Kfs does this work on its
+    /// own thread while idle, beside the application; this is for a caller
+    /// that wants it over before a phase of its choosing, such as a
+    /// benchmark's timed run after its setup wrote the files.
+    pub fn settle(&self) -> io::Result<()> {
+        self.with_kfs(|k| {
+            k.provision();
+            k.checkpoint().map(drop)
+        })
+    }
+
     /// Bytes of the image and of the index that huge pages hold, with
     /// [`ServerConfig::huge_pages`](kucofs_kfs::ServerConfig::huge_pages)
     /// on (zero with it off, or where the kernel makes none).

@@ -1,5 +1,6 @@
 //! The x86-64 instructions that make stores persistent: cache-line write-back
-//! or flush, the store fence, and non-temporal stores.
+//! or flush, the store fence, and non-temporal stores; and the copy that
+//! reads take out of a mapping.
 //!
 //! Stable Rust has intrinsics for `clflush`, `sfence` and the streaming stores
 //! but not for `clwb` or `clflushopt`, so those two are emitted with `asm!`,
@@ -7,7 +8,7 @@
 
 use std::arch::asm;
 use std::arch::x86_64::{__cpuid, __cpuid_count, __m128i, _mm_clflush, _mm_loadu_si128};
-use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
+use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256, _mm256_stream_si256};
 use std::arch::x86_64::{_mm_prefetch, _mm_sfence, _mm_stream_si128, _MM_HINT_T0};
 use std::fmt;
 use std::sync::OnceLock;
@@ -194,6 +195,80 @@ unsafe fn stream_32(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
+/// Below this many bytes [`copy_out`] leaves the copy to the C library,
+/// whose small copies cost the same whatever the alignment.
+const COPY_OUT_MIN: usize = 256;
+
+/// Copies `len` bytes from `src` to `dst` with ordinary loads and stores,
+/// 32 bytes at a time where the CPU has AVX2, whatever the alignment of
+/// either side. The C library's copy of larger blocks slows down two- to
+/// fourfold on some CPUs (this machine's among them) when the destination
+/// does not sit in its cache line where the source sits in its own, as an
+/// application's buffer often does not against a page: a 4 KiB copy out
+/// of a cold page into a buffer 16 bytes past a cache line took about
+/// 1000 ns through the C library and 590 ns this way, out of a cached page
+/// 290 ns and 80 ns; aligned, both ways cost about the same.
+///
+/// # Safety
+///
+/// `src` must be valid for reads and `dst` for writes of `len` bytes, and the
+/// two ranges must not overlap.
+#[inline]
+pub(super) unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
+    if len >= COPY_OUT_MIN && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the caller's guarantees; the CPU has AVX2.
+        unsafe { copy_32(dst, src, len) }
+    } else {
+        // SAFETY: the caller's guarantees.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+}
+
+/// [`copy_out`] with AVX2: four 32-byte loads, then their four stores, per
+/// 128 bytes; then 32 at a time, the last step ending at the end.
+///
+/// # Safety
+///
+/// As [`copy_out`], `len >= 32`, and the CPU has AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn copy_32(dst: *mut u8, src: *const u8, len: usize) {
+    let s = |i: usize| src.wrapping_add(i) as *const __m256i;
+    let d = |i: usize| dst.wrapping_add(i) as *mut __m256i;
+    let mut i = 0;
+    while i + 128 <= len {
+        // SAFETY: here and in the seven blocks below, `i + 128 <= len`, so
+        // the 32 bytes at each of `i`, `i + 32`, `i + 64` and `i + 96` are
+        // readable at `src` and writable at `dst`; loadu and storeu accept
+        // any alignment.
+        let a = unsafe { _mm256_loadu_si256(s(i)) };
+        // SAFETY: as above.
+        let b = unsafe { _mm256_loadu_si256(s(i + 32)) };
+        // SAFETY: as above.
+        let c = unsafe { _mm256_loadu_si256(s(i + 64)) };
+        // SAFETY: as above.
+        let e = unsafe { _mm256_loadu_si256(s(i + 96)) };
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_si256(d(i), a) };
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_si256(d(i + 32), b) };
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_si256(d(i + 64), c) };
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_si256(d(i + 96), e) };
+        i += 128;
+    }
+    // The rest in 32-byte steps, the last one ending at `len` (it may
+    // overlap bytes already copied, with the same values): `len >= 32`.
+    while i < len {
+        let at = i.min(len - 32);
+        // SAFETY: `at + 32 <= len`: readable at `src`, any alignment.
+        let v = unsafe { _mm256_loadu_si256(s(at)) };
+        // SAFETY: `at + 32 <= len`: writable at `dst`, any alignment.
+        unsafe { _mm256_storeu_si256(d(at), v) };
+        i += 32;
+    }
+}
+
 /// Asks the CPU to start loading the cache line that holds `addr`, so a
 /// later load of it hits (a hint). Any address will do: nothing is read
 /// through it, and an address mapped to nothing is ignored.
@@ -223,6 +298,47 @@ mod tests {
                 FlushInstr::Clflush
             };
             assert_eq!(a, expected);
+        }
+    }
+
+    #[test]
+    fn the_copy_out_copies_every_alignment_and_length() {
+        let src: Vec<u8> = (0..1200u32).map(|i| (i * 7 + 3) as u8).collect();
+        let lens = [
+            0, 1, 31, 32, 33, 255, 256, 257, 287, 288, 300, 384, 415, 1000, 1024,
+        ];
+        for src_off in [0, 1, 8, 16, 33] {
+            for dst_off in [0, 1, 8, 16, 31, 32, 63] {
+                for len in lens {
+                    let mut dst = vec![0u8; 1200];
+                    // SAFETY: both buffers are live Vecs, the ranges are in
+                    // bounds (offsets + len <= 1057 < 1200) and distinct.
+                    unsafe {
+                        copy_out(
+                            dst.as_mut_ptr().wrapping_add(dst_off),
+                            src.as_ptr().wrapping_add(src_off),
+                            len,
+                        )
+                    };
+                    assert_eq!(&dst[dst_off..dst_off + len], &src[src_off..src_off + len]);
+                    assert!(dst[..dst_off].iter().all(|&b| b == 0));
+                    assert!(dst[dst_off + len..].iter().all(|&b| b == 0));
+                }
+            }
+        }
+        // The vector copy itself, at the lengths the C library takes from
+        // it above, where its last step overlaps.
+        if std::arch::is_x86_feature_detected!("avx2") {
+            for len in [32, 33, 63, 64, 95, 127, 128, 129, 200, 255] {
+                let mut dst = vec![0u8; 300];
+                // SAFETY: both buffers are live Vecs, the ranges are in
+                // bounds (1 + 255 < 300) and distinct; `len >= 32`; the CPU
+                // has AVX2.
+                unsafe { copy_32(dst.as_mut_ptr().wrapping_add(1), src.as_ptr(), len) };
+                assert_eq!(&dst[1..1 + len], &src[..len]);
+                assert_eq!(dst[0], 0);
+                assert!(dst[1 + len..].iter().all(|&b| b == 0));
+            }
         }
     }
 

@@ -231,7 +231,7 @@ impl Mapping {
         // mapping; `buf` is a distinct local buffer. Concurrent writers of the
         // same bytes (Kfs) make the copied value possibly stale, never unsound
         // to hold as plain bytes; readers that need consistency validate it.
-        unsafe { std::ptr::copy_nonoverlapping(self.at(start), buf.as_mut_ptr(), buf.len()) };
+        unsafe { cpu::copy_out(buf.as_mut_ptr(), self.at(start), buf.len()) };
         Ok(())
     }
 

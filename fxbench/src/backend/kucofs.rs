@@ -196,7 +196,7 @@ impl Backend for KucofsBackend {
     }
 
     fn settle(&self) -> io::Result<()> {
-        self.fs().checkpoint()
+        self.fs().settle()
     }
 }
 

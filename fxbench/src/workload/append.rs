@@ -50,7 +50,7 @@ struct Appender {
     path: PathBuf,
     /// Blocks the file may hold.
     cap: u64,
-    buf: Box<[u8]>,
+    buf: Box<block::Buffer>,
     /// Operations done: the stamp of the next block.
     ops: u64,
 }

@@ -88,7 +88,7 @@ struct Overwriter {
     path: PathBuf,
     place: Place,
     fsync: bool,
-    buf: Box<[u8]>,
+    buf: Box<block::Buffer>,
     /// Operations done: the stamp of the next write.
     ops: u64,
 }

@@ -66,7 +66,7 @@ struct Reader {
     /// For failure messages.
     path: PathBuf,
     place: Place,
-    buf: Box<[u8]>,
+    buf: Box<block::Buffer>,
 }
 
 impl Reader {
