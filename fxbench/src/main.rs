@@ -87,6 +87,12 @@ struct RunArgs {
     /// 4096, with an optional K, M or G.
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = kucofs_common::size::parse_size)]
     file_size: u64,
+    /// Measure everything N times, the backends taking turns within each
+    /// round, and report each result's median round with the range of its
+    /// ratios: on a shared machine one run can be far off. An odd N has a
+    /// true median.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    rounds: usize,
     /// Also write the machine description and results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -123,6 +129,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         params: Params {
             file_size: args.file_size,
         },
+        rounds: args.rounds,
     };
     plan.check()?;
     let json = args.json.as_deref().map(ResultsFile::create).transpose()?;
@@ -132,8 +139,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let bandwidth = m
             .mib_per_sec()
             .map_or_else(String::new, |b| format!(" ({b:.1} MiB/s)"));
+        let round = if args.rounds > 1 {
+            format!(", round {} of {}", m.round + 1, args.rounds)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "{} on {} with {} thread(s): {} ops in {:.3} s{bandwidth}",
+            "{} on {} with {} thread(s){round}: {} ops in {:.3} s{bandwidth}",
             m.workload, m.backend, m.threads, m.ops, m.seconds
         );
     })?;

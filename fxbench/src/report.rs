@@ -20,7 +20,11 @@ pub struct Report {
     pub results: Vec<Row>,
 }
 
-/// One result, as written to JSON and shown in the table.
+/// One result, as written to JSON and shown in the table: one workload on
+/// one backend at one thread count, over every round of the plan. With
+/// several rounds the figures are those of the median round (for an even
+/// number, the lower of the two middle ones): its operations, time, rate
+/// and server work, and the median of the rounds' ratios.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
     pub workload: String,
@@ -32,10 +36,14 @@ pub struct Row {
     /// MiB read or written per second, for a data workload (`null` for a
     /// metadata one).
     pub mib_per_sec: Option<f64>,
-    /// This row's ops/s over that of the first backend for the same
-    /// workload and thread count; `None` if that one is missing or did
-    /// nothing.
+    /// The median over the rounds of this row's ops/s over that of the
+    /// first backend for the same workload, thread count and round;
+    /// `None` if that one is missing or did nothing.
     pub ratio_to_first: Option<f64>,
+    /// The lowest and highest of those ratios.
+    pub ratio_range: Option<(f64, f64)>,
+    /// The ops/s of every round, in round order.
+    pub rounds_ops_per_sec: Vec<f64>,
     /// The backend server's work over the run (setup included), per request
     /// type, if it has a server (KucoFS's Kfs).
     pub server: Option<BTreeMap<String, ServerOp>>,
@@ -45,7 +53,7 @@ pub struct Row {
 
 impl Row {
     /// The row's cells in the table, with or without the optional columns.
-    fn cells(&self, bandwidth: bool, server: bool) -> Vec<String> {
+    fn cells(&self, bandwidth: bool, rounds: bool, server: bool) -> Vec<String> {
         let dash = || "-".to_owned();
         let mut row = vec![
             self.workload.clone(),
@@ -59,6 +67,10 @@ impl Row {
             row.push(self.mib_per_sec.map_or_else(dash, |x| format!("{x:.1}")));
         }
         row.push(self.ratio_to_first.map_or_else(dash, |x| format!("{x:.2}")));
+        if rounds {
+            let range = self.ratio_range;
+            row.push(range.map_or_else(dash, |(lo, hi)| format!("{lo:.2}-{hi:.2}")));
+        }
         if server {
             // The server's most frequent request and its mean service time.
             let busiest = self
@@ -82,47 +94,68 @@ pub struct ServerOp {
 
 impl Report {
     /// The report of `results`, comparing every backend with
-    /// `first_backend`.
+    /// `first_backend`: one row per workload, backend and thread count, in
+    /// the order they first appear, over all the rounds of each.
     pub fn new(machine: Machine, results: &[Measurement], first_backend: &str) -> Self {
-        let rows = results
-            .iter()
-            .map(|m| {
-                let base = results.iter().find(|b| {
-                    b.backend == first_backend && b.workload == m.workload && b.threads == m.threads
-                });
-                let ratio_to_first = base
-                    .map(Measurement::ops_per_sec)
-                    .filter(|&b| b > 0.0)
-                    .map(|b| m.ops_per_sec() / b);
-                Row {
-                    workload: m.workload.name().to_owned(),
-                    backend: m.backend.clone(),
-                    threads: m.threads,
-                    ops: m.ops,
-                    seconds: m.seconds,
-                    ops_per_sec: m.ops_per_sec(),
-                    mib_per_sec: m.mib_per_sec(),
-                    ratio_to_first,
-                    server: m.server.as_ref().map(|c| {
-                        c.per_op
-                            .iter()
-                            .map(|(k, &(n, ns))| {
-                                let op = ServerOp {
-                                    requests: n,
-                                    mean_ns: ns as f64 / n.max(1) as f64,
-                                };
-                                (k.clone(), op)
-                            })
-                            .collect()
-                    }),
-                    server_busy: m
-                        .server
-                        .as_ref()
-                        .filter(|_| m.seconds > 0.0)
-                        .map(|c| c.busy_ns as f64 / 1e9 / m.seconds),
-                }
-            })
-            .collect();
+        let same = |a: &Measurement, b: &Measurement| {
+            a.workload == b.workload && a.backend == b.backend && a.threads == b.threads
+        };
+        let ratio = |m: &Measurement| {
+            results
+                .iter()
+                .find(|b| {
+                    b.backend == first_backend
+                        && b.workload == m.workload
+                        && b.threads == m.threads
+                        && b.round == m.round
+                })
+                .map(Measurement::ops_per_sec)
+                .filter(|&b| b > 0.0)
+                .map(|b| m.ops_per_sec() / b)
+        };
+        let mut rows = Vec::new();
+        for (i, first) in results.iter().enumerate() {
+            if results[..i].iter().any(|r| same(r, first)) {
+                continue;
+            }
+            let mut rounds: Vec<&Measurement> = results.iter().filter(|r| same(r, first)).collect();
+            rounds.sort_by_key(|m| m.round);
+            let rounds_ops_per_sec = rounds.iter().map(|m| m.ops_per_sec()).collect();
+            let mut ratios: Vec<f64> = rounds.iter().filter_map(|m| ratio(m)).collect();
+            ratios.sort_by(f64::total_cmp);
+            let mut by_rate = rounds.clone();
+            by_rate.sort_by(|a, b| a.ops_per_sec().total_cmp(&b.ops_per_sec()));
+            let m = by_rate[(by_rate.len() - 1) / 2];
+            rows.push(Row {
+                workload: m.workload.name().to_owned(),
+                backend: m.backend.clone(),
+                threads: m.threads,
+                ops: m.ops,
+                seconds: m.seconds,
+                ops_per_sec: m.ops_per_sec(),
+                mib_per_sec: m.mib_per_sec(),
+                ratio_to_first: (!ratios.is_empty()).then(|| ratios[(ratios.len() - 1) / 2]),
+                ratio_range: ratios.first().zip(ratios.last()).map(|(&lo, &hi)| (lo, hi)),
+                rounds_ops_per_sec,
+                server: m.server.as_ref().map(|c| {
+                    c.per_op
+                        .iter()
+                        .map(|(k, &(n, ns))| {
+                            let op = ServerOp {
+                                requests: n,
+                                mean_ns: ns as f64 / n.max(1) as f64,
+                            };
+                            (k.clone(), op)
+                        })
+                        .collect()
+                }),
+                server_busy: m
+                    .server
+                    .as_ref()
+                    .filter(|_| m.seconds > 0.0)
+                    .map(|c| c.busy_ns as f64 / 1e9 / m.seconds),
+            });
+        }
         Report {
             machine,
             results: rows,
@@ -131,20 +164,29 @@ impl Report {
 
     /// The results as an aligned text table with a header line. The
     /// bandwidth column is there only when some result is of a data
-    /// workload, the server column only when some backend has a server.
+    /// workload, the ratios' range only when some result had several
+    /// rounds, the server column only when some backend has a server.
     pub fn table(&self) -> String {
         let bandwidth = self.results.iter().any(|r| r.mib_per_sec.is_some());
+        let rounds = self.results.iter().any(|r| r.rounds_ops_per_sec.len() > 1);
         let server = self.results.iter().any(|r| r.server.is_some());
         let mut header = vec!["workload", "backend", "threads", "ops", "seconds", "ops/s"];
         if bandwidth {
             header.push("MiB/s");
         }
         header.push("ratio");
+        if rounds {
+            header.push("ratio range");
+        }
         if server {
             header.push("server L");
         }
         let mut cells = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
-        cells.extend(self.results.iter().map(|r| r.cells(bandwidth, server)));
+        cells.extend(
+            self.results
+                .iter()
+                .map(|r| r.cells(bandwidth, rounds, server)),
+        );
         let columns = cells[0].len();
         let mut widths = vec![0; columns];
         for row in &cells {
@@ -223,6 +265,7 @@ mod tests {
             workload,
             backend: backend.to_owned(),
             threads,
+            round: 0,
             ops,
             seconds: 2.0,
             server: None,
@@ -248,6 +291,43 @@ mod tests {
             ratios,
             [Some(1.0), Some(3.0), Some(1.0), Some(0.25), None, None]
         );
+    }
+
+    #[test]
+    fn rounds_make_one_row_of_the_median_round_with_the_ratios_range() {
+        let r = |backend: &str, round: usize, ops: u64| Measurement {
+            round,
+            ..m(Workload::Mwcl, backend, 1, ops)
+        };
+        // Per-round ratios b/a: 3, 0.5, 2.
+        let results = [
+            r("dir:a", 0, 100),
+            r("dir:b", 0, 300),
+            r("dir:a", 1, 400),
+            r("dir:b", 1, 200),
+            r("dir:a", 2, 100),
+            r("dir:b", 2, 200),
+        ];
+        let report = Report::new(Machine::describe(), &results, "dir:a");
+        assert_eq!(report.results.len(), 2);
+        let (a, b) = (&report.results[0], &report.results[1]);
+        assert_eq!((a.backend.as_str(), b.backend.as_str()), ("dir:a", "dir:b"));
+        // The median round's rate (ops over the 2 s each run took).
+        assert_eq!(a.rounds_ops_per_sec, [50.0, 200.0, 50.0]);
+        assert_eq!(a.ops_per_sec, 50.0);
+        assert_eq!(b.rounds_ops_per_sec, [150.0, 100.0, 100.0]);
+        assert_eq!((b.ops, b.ops_per_sec), (200, 100.0));
+        assert_eq!(b.ratio_to_first, Some(2.0));
+        assert_eq!(b.ratio_range, Some((0.5, 3.0)));
+        assert_eq!(a.ratio_range, Some((1.0, 1.0)));
+        let table = report.table();
+        assert!(
+            table.lines().next().unwrap().contains("ratio range"),
+            "{table}"
+        );
+        assert!(table.contains("0.50-3.00"), "{table}");
+        // One round: no range column.
+        assert!(!self::report().table().contains("range"));
     }
 
     #[test]

@@ -19,15 +19,19 @@ pub struct Plan {
     pub threads: Vec<usize>,
     pub budget: Budget,
     pub params: Params,
+    /// Times the matrix is measured (at least 1): see [`Plan::run`].
+    pub rounds: usize,
 }
 
-/// One workload, on one backend, at one thread count.
+/// One workload, on one backend, at one thread count, in one round.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
     pub workload: Workload,
     /// The backend's name (its spec).
     pub backend: String,
     pub threads: usize,
+    /// Which of the plan's rounds (from 0).
+    pub round: usize,
     /// Operations completed by all workers in the timed phase.
     pub ops: u64,
     /// Wall time of the timed phase.
@@ -68,6 +72,9 @@ impl Plan {
         if self.threads.is_empty() || self.threads.contains(&0) {
             return bad("thread counts must be given and at least 1");
         }
+        if self.rounds == 0 {
+            return bad("--rounds must be at least 1");
+        }
         match self.budget {
             Budget::Time(d) if d.is_zero() => bad("--seconds must be more than 0"),
             Budget::Count(0) => bad("--count must be at least 1"),
@@ -76,16 +83,22 @@ impl Plan {
     }
 
     /// Runs the matrix, workload by workload, then thread count, then
-    /// backend, calling `each` as every measurement completes.
+    /// round, then backend, calling `each` as every measurement completes.
+    /// The backends take their turns round after round, so that a change
+    /// in what else the machine is doing falls on all of them alike.
     pub fn run(&self, mut each: impl FnMut(&Measurement)) -> Result<Vec<Measurement>> {
         self.check()?;
         let mut all = Vec::new();
         for &workload in &self.workloads {
             for &threads in &self.threads {
-                for fs in &self.backends {
-                    let m = run_one(fs.as_ref(), workload, threads, self.budget, &self.params)?;
-                    each(&m);
-                    all.push(m);
+                for round in 0..self.rounds {
+                    for fs in &self.backends {
+                        let mut m =
+                            run_one(fs.as_ref(), workload, threads, self.budget, &self.params)?;
+                        m.round = round;
+                        each(&m);
+                        all.push(m);
+                    }
                 }
             }
         }
@@ -132,6 +145,7 @@ pub fn run_one(
         workload,
         backend: fs.name().to_owned(),
         threads,
+        round: 0,
         ops: outcome.ops,
         seconds: outcome.elapsed.as_secs_f64(),
         server,
@@ -183,6 +197,7 @@ mod tests {
             threads,
             budget,
             params: Params::default(),
+            rounds: 1,
         }
     }
 
@@ -215,6 +230,27 @@ mod tests {
             assert_eq!(m.ops, 50 * m.threads as u64);
             assert!(m.seconds > 0.0 && m.ops_per_sec() > 0.0, "{m:?}");
         }
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn rounds_repeat_each_combination_with_the_backends_in_turn() {
+        let tmp = crate::testing::tempdir();
+        let mut plan = plan(tmp.path(), vec![1], Budget::Count(5));
+        plan.rounds = 3;
+        let all = plan.run(|_| {}).unwrap();
+        let keys: Vec<_> = all
+            .iter()
+            .map(|m| (m.workload.name(), m.round, m.backend.as_str()))
+            .collect();
+        let mut expected = Vec::new();
+        for w in ["MWCL", "MWRL"] {
+            for round in 0..3 {
+                expected.push((w, round, "dir:a"));
+                expected.push((w, round, "dir:b"));
+            }
+        }
+        assert_eq!(keys, expected);
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
 
@@ -306,6 +342,7 @@ mod tests {
             params: Params {
                 file_size: 16 * 4096,
             },
+            rounds: 1,
         };
         let all = plan.run(|_| {}).unwrap();
         assert_eq!(all.len(), 16);
@@ -342,6 +379,7 @@ mod tests {
             workload: Workload::Mwcl,
             backend: "dir:a".into(),
             threads: 1,
+            round: 0,
             ops: 10,
             seconds: 1.0,
             server: None,
@@ -365,6 +403,9 @@ mod tests {
         assert!(plan(tmp.path(), vec![0], Budget::Count(1)).check().is_err());
         assert!(plan(tmp.path(), vec![1], Budget::Count(0)).check().is_err());
         assert!(plan(tmp.path(), vec![1], Budget::Count(1)).check().is_ok());
+        let mut no_rounds = plan(tmp.path(), vec![1], Budget::Count(1));
+        no_rounds.rounds = 0;
+        assert!(no_rounds.check().is_err());
         assert!(seconds(0.0).is_err());
         assert!(seconds(-1.0).is_err());
         assert!(seconds(f64::NAN).is_err());
