@@ -18,13 +18,17 @@
 //! before its turn came stays in small pages; so once nothing ahead is
 //! due, the Kfs thread goes back over the chunks below, one per step, and
 //! makes huge those it skipped (the kernel copies their small pages into
-//! the huge one).
+//! the huge one). A chunk the kernel would not make huge when asked, for
+//! a reason of the moment (no huge page free, a page of it busy), is asked
+//! for again, one chunk per [`RETRY_EVERY`] at most, once nothing else is
+//! due.
 //!
 //! Populating needs no lock: it changes no contents, only makes pages
 //! present, and may run while another thread writes nearby.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kucofs_common::format::{Area, PAGE_SIZE};
 use kucofs_common::index::layout::HDR_USED;
@@ -35,6 +39,11 @@ const AHEAD: u64 = 32 << 20;
 /// One step populates this much, so a step never delays a queued request
 /// by much.
 const CHUNK: u64 = 512 << 10;
+/// A chunk the kernel would not make huge is asked for again no sooner
+/// than this after the last such try: what stopped it (memory short of
+/// free huge pages) passes slowly, and each try costs a system call that
+/// may copy 2 MiB.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
 
 /// The Kfs thread's background page provisioning.
 #[derive(Debug)]
@@ -52,6 +61,9 @@ pub struct Provisioner {
     /// How far the catch-up over the data chunks below those provisioned
     /// or granted has come: every chunk below was asked for.
     data_back: u64,
+    /// When a chunk the kernel would not make huge was last asked for
+    /// again.
+    retried: Option<Instant>,
 }
 
 impl Provisioner {
@@ -75,6 +87,7 @@ impl Provisioner {
             log_done: 0,
             data_done: 0,
             data_back: 0,
+            retried: None,
         }
     }
 
@@ -106,6 +119,12 @@ impl Provisioner {
                 self.region.make_huge(self.data.offset() + at, n);
                 self.data_back = at + n;
             }
+            Stream::Retry => {
+                if !self.region.retry_huge() {
+                    self.index.retry_huge();
+                }
+                self.retried = Some(Instant::now());
+            }
         }
         true
     }
@@ -134,7 +153,12 @@ impl Provisioner {
         }
         // Everything below what was provisioned or granted so far.
         let behind = self.data_done.max(at).saturating_sub(self.data_back);
-        (behind > 0).then(|| (Stream::Behind, self.data_back, behind.min(HUGE_PAGE as u64)))
+        if behind > 0 {
+            return Some((Stream::Behind, self.data_back, behind.min(HUGE_PAGE as u64)));
+        }
+        let retry = self.region.huge_retry_due() || self.index.huge_retry_due();
+        let rested = self.retried.is_none_or(|t| t.elapsed() >= RETRY_EVERY);
+        (retry && rested).then_some((Stream::Retry, 0, 0))
     }
 }
 
@@ -150,6 +174,9 @@ enum Stream {
     /// The data pages below those, made huge where use overtook
     /// [`Stream::Data`] (chunks already asked for cost nothing).
     Behind,
+    /// One chunk, of the region or else the index, that the kernel would
+    /// not make huge when asked, asked for again.
+    Retry,
 }
 
 /// The bytes to populate next, as (offset, length), in a space of `len`

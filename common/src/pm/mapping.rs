@@ -59,6 +59,12 @@ struct HugeChunks {
     tried: Box<[AtomicU64]>,
     /// Bit `c`: the kernel made chunk `c` huge.
     made: Box<[AtomicU64]>,
+    /// Bit `c`: the kernel would not make chunk `c` huge when asked, for a
+    /// reason of the moment (no huge page free, a page of it busy), so it
+    /// is worth asking again ([`Mapping::retry_huge`]).
+    failed: Box<[AtomicU64]>,
+    /// Tests: the next collapse fails as if the kernel had no huge page.
+    fail_next: AtomicBool,
     /// The kernel cannot make this file's pages huge at all (a kernel
     /// before 6.1, or huge pages turned off for shared memory).
     refused: AtomicBool,
@@ -75,6 +81,8 @@ impl HugeChunks {
             enabled: AtomicBool::new(false),
             tried: words(),
             made: words(),
+            failed: words(),
+            fail_next: AtomicBool::new(false),
             refused: AtomicBool::new(false),
         }
     }
@@ -92,6 +100,21 @@ impl HugeChunks {
     fn set(bits: &[AtomicU64], c: usize) -> bool {
         let b = 1 << (c % 64);
         bits[c / 64].fetch_or(b, Ordering::Relaxed) & b == 0
+    }
+
+    /// Clears the lowest set bit; its index, if one was set and this call
+    /// cleared it.
+    fn take_first(bits: &[AtomicU64]) -> Option<usize> {
+        for (i, w) in bits.iter().enumerate() {
+            let v = w.load(Ordering::Relaxed);
+            if v != 0 {
+                let b = 1u64 << v.trailing_zeros();
+                if w.fetch_and(!b, Ordering::Relaxed) & b != 0 {
+                    return Some(i * 64 + v.trailing_zeros() as usize);
+                }
+            }
+        }
+        None
     }
 }
 
@@ -327,10 +350,12 @@ impl Mapping {
     /// `[offset, offset + len)` in one huge page (`MADV_COLLAPSE`), and to
     /// map it so here. Contents are unchanged: the kernel copies what a
     /// chunk holds into its huge page and zeroes the rest, as holes read.
-    /// A chunk is asked for once: the kernel keeps a chunk huge as long as
-    /// the file is not cut inside it, and every other mapping of the file
-    /// then maps it huge at its next fault there. Chunks reaching past
-    /// `limit` (the file's end) are left alone.
+    /// A chunk is asked for once here: the kernel keeps a chunk huge as
+    /// long as the file is not cut inside it, and every other mapping of
+    /// the file then maps it huge at its next fault there; one the kernel
+    /// would not make huge for the moment is asked for again only by
+    /// [`Mapping::retry_huge`]. Chunks reaching past `limit` (the file's
+    /// end) are left alone.
     ///
     /// True if every chunk of the range is huge now; false if any is not,
     /// or if huge pages were not enabled (the caller then populates the
@@ -369,8 +394,45 @@ impl Mapping {
         all
     }
 
-    /// Makes chunk `c` huge; false if the kernel would not.
+    /// Asks the kernel again for one chunk it would not make huge earlier
+    /// for a reason of the moment (the lowest such chunk); true if one was
+    /// asked for, whether or not it is huge now (if not, it waits for the
+    /// next call again).
+    pub(super) fn retry_huge(&self) -> bool {
+        let Some(h) = self.huge.as_ref().filter(|h| h.usable()) else {
+            return false;
+        };
+        let Some(c) = HugeChunks::take_first(&h.failed) else {
+            return false;
+        };
+        if self.collapse(c, h) {
+            HugeChunks::set(&h.made, c);
+        }
+        true
+    }
+
+    /// True if some chunk waits for [`Mapping::retry_huge`].
+    pub(super) fn huge_retry_due(&self) -> bool {
+        self.huge
+            .as_ref()
+            .is_some_and(|h| h.usable() && h.failed.iter().any(|w| w.load(Ordering::Relaxed) != 0))
+    }
+
+    /// Tests: the next collapse fails as for want of a huge page.
+    pub(super) fn fail_next_collapse(&self) {
+        if let Some(h) = &self.huge {
+            h.fail_next.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Makes chunk `c` huge; false if the kernel would not. A chunk it
+    /// would not make huge for a reason of the moment is marked for
+    /// [`Mapping::retry_huge`].
     fn collapse(&self, c: usize, h: &HugeChunks) -> bool {
+        if h.fail_next.load(Ordering::Relaxed) && h.fail_next.swap(false, Ordering::Relaxed) {
+            HugeChunks::set(&h.failed, c);
+            return false;
+        }
         let at = self.at(c * HUGE_PAGE);
         // A chunk the file holds no page of is no candidate for the kernel:
         // give it one first.
@@ -385,6 +447,8 @@ impl Mapping {
         // all; others (EAGAIN, ENOMEM) are about this chunk, this time.
         if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
             h.refused.store(true, Ordering::Relaxed);
+        } else {
+            HugeChunks::set(&h.failed, c);
         }
         false
     }

@@ -283,6 +283,27 @@ impl Region {
         self.map.make_huge(offset, len, self.len())
     }
 
+    /// Asks the kernel again for one chunk that [`Region::make_huge`]
+    /// could not have for a reason of the moment (no huge page free then,
+    /// or a page of it busy); true if one was asked for. Kfs calls this
+    /// while idle, now and then, so that such a chunk does not stay in
+    /// small pages for good.
+    pub fn retry_huge(&self) -> bool {
+        self.map.retry_huge()
+    }
+
+    /// True if some chunk waits for [`Region::retry_huge`].
+    pub fn huge_retry_due(&self) -> bool {
+        self.map.huge_retry_due()
+    }
+
+    /// For tests: the next chunk asked for fails as if the kernel had no
+    /// huge page free at that moment.
+    #[doc(hidden)]
+    pub fn fail_next_huge_for_tests(&self) {
+        self.map.fail_next_collapse()
+    }
+
     /// True if [`Region::make_huge`] may still succeed: huge pages enabled
     /// for an image on tmpfs, and a kernel that has not refused them.
     pub fn can_make_huge(&self) -> bool {
@@ -791,6 +812,23 @@ mod tests {
         // Past the end: refused, nothing made.
         assert!(!r.make_huge(8 << 20, 4096));
         assert_eq!(r.huge_bytes(), 6 << 20);
+        // A chunk the kernel would not make huge for the moment is not
+        // asked for again by make_huge, but is by retry_huge, once.
+        assert!(!r.huge_retry_due());
+        assert!(!r.retry_huge());
+        r.fail_next_huge_for_tests();
+        assert!(!r.make_huge(4 << 20, 1));
+        assert!(!r.make_huge(4 << 20, 1));
+        assert_eq!(r.huge_bytes(), 6 << 20);
+        assert!(r.huge_retry_due());
+        assert!(r.retry_huge());
+        assert_eq!(r.huge_bytes(), 8 << 20);
+        assert!(r.make_huge(4 << 20, 1));
+        assert!(!r.huge_retry_due());
+        assert!(!r.retry_huge());
+        assert_eq!(pmd_mapped_kib(r.map.addr()), 8192);
+        r.read(at, &mut back).unwrap();
+        assert_eq!(back, data);
     }
 
     #[test]

@@ -119,6 +119,18 @@ impl Shm {
         self.map.enable_huge()
     }
 
+    /// Asks the kernel again for one chunk it would not make huge for a
+    /// reason of the moment (see [`Region::retry_huge`](super::Region::retry_huge));
+    /// true if one was asked for.
+    pub fn retry_huge(&self) -> bool {
+        self.map.retry_huge()
+    }
+
+    /// True if some chunk waits for [`Shm::retry_huge`].
+    pub fn huge_retry_due(&self) -> bool {
+        self.map.huge_retry_due()
+    }
+
     /// How many bytes of the segment were made huge pages.
     pub fn huge_bytes(&self) -> u64 {
         self.map.huge_bytes()

@@ -698,6 +698,37 @@ fn provision_everything(v: &Volume) -> bool {
     made
 }
 
+/// A chunk the kernel would not make huge when provisioning asked, for a
+/// reason of the moment, is asked for again once nothing else is due, and
+/// ends up huge like the rest.
+#[test]
+fn provisioning_asks_again_for_a_chunk_the_kernel_would_not_make_huge() {
+    let (_dir, _, v) = volume();
+    if !enable_huge_pages(&v) {
+        return;
+    }
+    let region = v.image().region();
+    region.fail_next_huge_for_tests();
+    let mut p = v.provisioner();
+    let mut waited = false;
+    while p.step() {
+        waited |= region.huge_retry_due();
+    }
+    if !region.can_make_huge() {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+        return;
+    }
+    assert!(waited, "no chunk failed");
+    assert!(
+        !region.huge_retry_due(),
+        "the failed chunk was not asked for again"
+    );
+    // As many chunks huge as on a volume where none failed.
+    let (_dir2, _, w) = volume();
+    assert!(enable_huge_pages(&w) && provision_everything(&w));
+    assert_eq!(region.huge_bytes(), w.image().region().huge_bytes());
+}
+
 /// With huge pages enabled, provisioning makes the data pages ahead of
 /// the grants huge, not only the log: on a 16 MiB image, whose log is
 /// 1 MiB, the region's huge pages grow past what the log's chunks hold.
