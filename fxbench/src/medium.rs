@@ -328,7 +328,7 @@ fn ns_per(n: u64, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<
         rounds.push(t.elapsed().as_nanos() as f64 / n as f64);
     }
     rounds.sort_by(f64::total_cmp);
-    Ok(rounds[ROUNDS / 2])
+    crate::report::median(&rounds).context("no rounds")
 }
 
 /// Nanoseconds per durable 4 KiB write as a copy-on-write commit needs

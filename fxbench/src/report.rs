@@ -37,8 +37,10 @@ pub struct Row {
     /// metadata one).
     pub mib_per_sec: Option<f64>,
     /// The median over the rounds of this row's ops/s over that of the
-    /// first backend for the same workload, thread count and round;
-    /// `None` if that one is missing or did nothing.
+    /// first backend for the same workload, thread count and round (see
+    /// [`median`]); `None` if that one is missing or did nothing. With
+    /// several rounds it need not be this row's `ops_per_sec` over the
+    /// first backend's row's: each is the median of its own.
     pub ratio_to_first: Option<f64>,
     /// The lowest and highest of those ratios.
     pub ratio_range: Option<(f64, f64)>,
@@ -97,18 +99,14 @@ impl Report {
     /// `first_backend`: one row per workload, backend and thread count, in
     /// the order they first appear, over all the rounds of each.
     pub fn new(machine: Machine, results: &[Measurement], first_backend: &str) -> Self {
-        let same = |a: &Measurement, b: &Measurement| {
-            a.workload == b.workload && a.backend == b.backend && a.threads == b.threads
-        };
+        let same_cell =
+            |a: &Measurement, b: &Measurement| a.workload == b.workload && a.threads == b.threads;
+        let same = |a: &Measurement, b: &Measurement| same_cell(a, b) && a.backend == b.backend;
+        // This round's ratio to the first backend's.
         let ratio = |m: &Measurement| {
             results
                 .iter()
-                .find(|b| {
-                    b.backend == first_backend
-                        && b.workload == m.workload
-                        && b.threads == m.threads
-                        && b.round == m.round
-                })
+                .find(|b| same_cell(b, m) && b.round == m.round && b.backend == first_backend)
                 .map(Measurement::ops_per_sec)
                 .filter(|&b| b > 0.0)
                 .map(|b| m.ops_per_sec() / b)
@@ -123,6 +121,8 @@ impl Report {
             let rounds_ops_per_sec = rounds.iter().map(|m| m.ops_per_sec()).collect();
             let mut ratios: Vec<f64> = rounds.iter().filter_map(|m| ratio(m)).collect();
             ratios.sort_by(f64::total_cmp);
+            // The round shown: the median by rate (the lower middle one of
+            // an even number, a round that happened).
             let mut by_rate = rounds.clone();
             by_rate.sort_by(|a, b| a.ops_per_sec().total_cmp(&b.ops_per_sec()));
             let m = by_rate[(by_rate.len() - 1) / 2];
@@ -134,7 +134,7 @@ impl Report {
                 seconds: m.seconds,
                 ops_per_sec: m.ops_per_sec(),
                 mib_per_sec: m.mib_per_sec(),
-                ratio_to_first: (!ratios.is_empty()).then(|| ratios[(ratios.len() - 1) / 2]),
+                ratio_to_first: median(&ratios),
                 ratio_range: ratios.first().zip(ratios.last()).map(|(&lo, &hi)| (lo, hi)),
                 rounds_ops_per_sec,
                 server: m.server.as_ref().map(|c| {
@@ -213,6 +213,18 @@ impl Report {
             out.push('\n');
         }
         out
+    }
+}
+
+/// The median of `sorted` (ascending); for an even count, the geometric
+/// mean of the two middle values, so that the median of ratios is the
+/// reciprocal of the median of their inverses. `None` if empty.
+pub(crate) fn median(sorted: &[f64]) -> Option<f64> {
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] * sorted[n / 2]).sqrt()),
     }
 }
 
@@ -328,6 +340,16 @@ mod tests {
         assert!(table.contains("0.50-3.00"), "{table}");
         // One round: no range column.
         assert!(!self::report().table().contains("range"));
+    }
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_geometric_mean_of_the_middle_two() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[1.0, 2.0, 9.0]), Some(2.0));
+        assert_eq!(median(&[0.5, 2.0, 8.0, 9.0]), Some(4.0));
+        // The median of the inverses is the inverse of the median.
+        assert_eq!(median(&[1.0 / 9.0, 0.125, 0.5, 2.0]), Some(0.25));
     }
 
     #[test]

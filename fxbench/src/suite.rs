@@ -75,6 +75,17 @@ impl Plan {
         if self.rounds == 0 {
             return bad("--rounds must be at least 1");
         }
+        let names: Vec<&str> = self.backends.iter().map(|b| b.name()).collect();
+        if let Some(twice) = names
+            .iter()
+            .enumerate()
+            .find(|(i, n)| names[..*i].contains(n))
+        {
+            return Err(Error::BadParameter(format!(
+                "backend {} is given twice: results are told apart by name",
+                twice.1
+            )));
+        }
         match self.budget {
             Budget::Time(d) if d.is_zero() => bad("--seconds must be more than 0"),
             Budget::Count(0) => bad("--count must be at least 1"),
@@ -406,6 +417,12 @@ mod tests {
         let mut no_rounds = plan(tmp.path(), vec![1], Budget::Count(1));
         no_rounds.rounds = 0;
         assert!(no_rounds.check().is_err());
+        let mut twice = plan(tmp.path(), vec![1], Budget::Count(1));
+        twice
+            .backends
+            .push(Box::new(DirBackend::open("dir:a", tmp.path()).unwrap()));
+        let e = twice.check().unwrap_err().to_string();
+        assert!(e.contains("dir:a is given twice"), "{e}");
         assert!(seconds(0.0).is_err());
         assert!(seconds(-1.0).is_err());
         assert!(seconds(f64::NAN).is_err());

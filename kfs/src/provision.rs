@@ -20,8 +20,9 @@
 //! makes huge those it skipped (the kernel copies their small pages into
 //! the huge one). A chunk the kernel would not make huge when asked, for
 //! a reason of the moment (no huge page free, a page of it busy), is asked
-//! for again, one chunk per [`RETRY_EVERY`] at most, once nothing else is
-//! due.
+//! for again once nothing else is due, one chunk at a time, a second
+//! after the last try at the soonest and longer after each that fails
+//! ([`RETRY_FIRST`]).
 //!
 //! Populating needs no lock: it changes no contents, only makes pages
 //! present, and may run while another thread writes nearby.
@@ -42,8 +43,11 @@ const CHUNK: u64 = 512 << 10;
 /// A chunk the kernel would not make huge is asked for again no sooner
 /// than this after the last such try: what stopped it (memory short of
 /// free huge pages) passes slowly, and each try costs a system call that
-/// may copy 2 MiB.
-const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// may copy 2 MiB, or make the kernel compact memory. Each try that fails
+/// doubles the wait, up to [`RETRY_MAX`]; one that succeeds resets it.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between retries.
+const RETRY_MAX: Duration = Duration::from_secs(64);
 
 /// The Kfs thread's background page provisioning.
 #[derive(Debug)]
@@ -62,8 +66,8 @@ pub struct Provisioner {
     /// or granted has come: every chunk below was asked for.
     data_back: u64,
     /// When a chunk the kernel would not make huge was last asked for
-    /// again.
-    retried: Option<Instant>,
+    /// again, and how long to wait after that before the next try.
+    retried: Option<(Instant, Duration)>,
 }
 
 impl Provisioner {
@@ -120,10 +124,12 @@ impl Provisioner {
                 self.data_back = at + n;
             }
             Stream::Retry => {
-                if !self.region.retry_huge() {
-                    self.index.retry_huge();
-                }
-                self.retried = Some(Instant::now());
+                let made = self.region.retry_huge().or_else(|| self.index.retry_huge());
+                let wait = match (made, self.retried) {
+                    (Some(false), Some((_, wait))) => (wait * 2).min(RETRY_MAX),
+                    _ => RETRY_FIRST,
+                };
+                self.retried = Some((Instant::now(), wait));
             }
         }
         true
@@ -142,22 +148,22 @@ impl Provisioner {
         }
         // The data pages only ever need making huge: their grant populates
         // them otherwise.
-        if !self.region.can_make_huge() {
-            return None;
+        if self.region.can_make_huge() {
+            // Relaxed: a hint, as Pages::grant says.
+            let high = self.data_high.load(Ordering::Relaxed);
+            let at = high.saturating_sub(self.data.start) * PAGE_SIZE;
+            if let Some((at, n)) = due(self.data_done, at, self.data.len(), HUGE_PAGE as u64) {
+                return Some((Stream::Data, at, n));
+            }
+            // Everything below what was provisioned or granted so far.
+            let behind = self.data_done.max(at).saturating_sub(self.data_back);
+            if behind > 0 {
+                return Some((Stream::Behind, self.data_back, behind.min(HUGE_PAGE as u64)));
+            }
         }
-        // Relaxed: a hint, as Pages::grant says.
-        let high = self.data_high.load(Ordering::Relaxed);
-        let at = high.saturating_sub(self.data.start) * PAGE_SIZE;
-        if let Some((at, n)) = due(self.data_done, at, self.data.len(), HUGE_PAGE as u64) {
-            return Some((Stream::Data, at, n));
-        }
-        // Everything below what was provisioned or granted so far.
-        let behind = self.data_done.max(at).saturating_sub(self.data_back);
-        if behind > 0 {
-            return Some((Stream::Behind, self.data_back, behind.min(HUGE_PAGE as u64)));
-        }
+        // The index may have huge pages where the region has none.
         let retry = self.region.huge_retry_due() || self.index.huge_retry_due();
-        let rested = self.retried.is_none_or(|t| t.elapsed() >= RETRY_EVERY);
+        let rested = self.retried.is_none_or(|(at, wait)| at.elapsed() >= wait);
         (retry && rested).then_some((Stream::Retry, 0, 0))
     }
 }

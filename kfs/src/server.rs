@@ -500,21 +500,25 @@ impl Kfs {
     }
 
     /// Does now, on the calling thread, the provisioning that is due: the
-    /// index and the log populated ahead of use, and the data pages made
-    /// huge pages ahead of the grants and behind them (see
+    /// index and the log populated ahead of use, the data pages made huge
+    /// pages ahead of the grants and behind them, and a chunk the kernel
+    /// would not make huge asked for again if its wait is over (see
     /// [`ServerConfig::huge_pages`]). The Kfs thread does this while idle,
-    /// a chunk at a time, beside whatever the clients do meanwhile.
-    /// Returns the chunks provisioned (none once Kfs has stopped).
+    /// a step at a time; this takes the provisioning for one step at a
+    /// time too, so the Kfs thread can serve requests in between. Returns
+    /// the steps taken (none once Kfs has stopped).
     pub fn provision(&self) -> usize {
-        let mut guard = self.nudge.provision.lock();
-        let Some(p) = guard.as_mut() else {
-            return 0;
-        };
-        let mut chunks = 0;
-        while p.step() {
-            chunks += 1;
+        let mut steps = 0;
+        while self
+            .nudge
+            .provision
+            .lock()
+            .as_mut()
+            .is_some_and(Provisioner::step)
+        {
+            steps += 1;
         }
-        chunks
+        steps
     }
 
     /// Bytes of the region and the index held in huge pages (see

@@ -6,7 +6,7 @@
 use std::marker::PhantomData;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use rustix::mm::{MapFlags, ProtFlags};
 
@@ -63,7 +63,11 @@ struct HugeChunks {
     /// reason of the moment (no huge page free, a page of it busy), so it
     /// is worth asking again ([`Mapping::retry_huge`]).
     failed: Box<[AtomicU64]>,
+    /// How many bits of `failed` are set: whether a retry is due costs one
+    /// load, not a scan.
+    failed_count: AtomicUsize,
     /// Tests: the next collapse fails as if the kernel had no huge page.
+    #[cfg(any(test, feature = "test-hooks"))]
     fail_next: AtomicBool,
     /// The kernel cannot make this file's pages huge at all (a kernel
     /// before 6.1, or huge pages turned off for shared memory).
@@ -82,6 +86,8 @@ impl HugeChunks {
             tried: words(),
             made: words(),
             failed: words(),
+            failed_count: AtomicUsize::new(0),
+            #[cfg(any(test, feature = "test-hooks"))]
             fail_next: AtomicBool::new(false),
             refused: AtomicBool::new(false),
         }
@@ -102,16 +108,27 @@ impl HugeChunks {
         bits[c / 64].fetch_or(b, Ordering::Relaxed) & b == 0
     }
 
-    /// Clears the lowest set bit; its index, if one was set and this call
-    /// cleared it.
-    fn take_first(bits: &[AtomicU64]) -> Option<usize> {
-        for (i, w) in bits.iter().enumerate() {
-            let v = w.load(Ordering::Relaxed);
-            if v != 0 {
-                let b = 1u64 << v.trailing_zeros();
-                if w.fetch_and(!b, Ordering::Relaxed) & b != 0 {
-                    return Some(i * 64 + v.trailing_zeros() as usize);
-                }
+    /// Marks chunk `c` for [`Mapping::retry_huge`].
+    fn fail(&self, c: usize) {
+        if HugeChunks::set(&self.failed, c) {
+            self.failed_count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the lowest chunk marked for a retry, if any.
+    fn take_failed(&self) -> Option<usize> {
+        if self.failed_count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        for (i, w) in self.failed.iter().enumerate() {
+            // Clears the word's lowest set bit, however other threads
+            // change the word meanwhile.
+            let cleared = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                (v != 0).then(|| v & (v - 1))
+            });
+            if let Ok(v) = cleared {
+                self.failed_count.fetch_sub(1, Ordering::Relaxed);
+                return Some(i * 64 + v.trailing_zeros() as usize);
             }
         }
         None
@@ -395,30 +412,28 @@ impl Mapping {
     }
 
     /// Asks the kernel again for one chunk it would not make huge earlier
-    /// for a reason of the moment (the lowest such chunk); true if one was
-    /// asked for, whether or not it is huge now (if not, it waits for the
-    /// next call again).
-    pub(super) fn retry_huge(&self) -> bool {
-        let Some(h) = self.huge.as_ref().filter(|h| h.usable()) else {
-            return false;
-        };
-        let Some(c) = HugeChunks::take_first(&h.failed) else {
-            return false;
-        };
-        if self.collapse(c, h) {
+    /// for a reason of the moment (the lowest such chunk): `Some(true)` if
+    /// it is huge now, `Some(false)` if not (it waits for the next call
+    /// again), `None` if no chunk waited.
+    pub(super) fn retry_huge(&self) -> Option<bool> {
+        let h = self.huge.as_ref().filter(|h| h.usable())?;
+        let c = h.take_failed()?;
+        let made = self.collapse(c, h);
+        if made {
             HugeChunks::set(&h.made, c);
         }
-        true
+        Some(made)
     }
 
     /// True if some chunk waits for [`Mapping::retry_huge`].
     pub(super) fn huge_retry_due(&self) -> bool {
         self.huge
             .as_ref()
-            .is_some_and(|h| h.usable() && h.failed.iter().any(|w| w.load(Ordering::Relaxed) != 0))
+            .is_some_and(|h| h.usable() && h.failed_count.load(Ordering::Relaxed) > 0)
     }
 
     /// Tests: the next collapse fails as for want of a huge page.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(super) fn fail_next_collapse(&self) {
         if let Some(h) = &self.huge {
             h.fail_next.store(true, Ordering::Relaxed);
@@ -429,8 +444,9 @@ impl Mapping {
     /// would not make huge for a reason of the moment is marked for
     /// [`Mapping::retry_huge`].
     fn collapse(&self, c: usize, h: &HugeChunks) -> bool {
-        if h.fail_next.load(Ordering::Relaxed) && h.fail_next.swap(false, Ordering::Relaxed) {
-            HugeChunks::set(&h.failed, c);
+        #[cfg(any(test, feature = "test-hooks"))]
+        if h.fail_next.swap(false, Ordering::Relaxed) {
+            h.fail(c);
             return false;
         }
         let at = self.at(c * HUGE_PAGE);
@@ -448,7 +464,7 @@ impl Mapping {
         if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
             h.refused.store(true, Ordering::Relaxed);
         } else {
-            HugeChunks::set(&h.failed, c);
+            h.fail(c);
         }
         false
     }

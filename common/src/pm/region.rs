@@ -285,10 +285,11 @@ impl Region {
 
     /// Asks the kernel again for one chunk that [`Region::make_huge`]
     /// could not have for a reason of the moment (no huge page free then,
-    /// or a page of it busy); true if one was asked for. Kfs calls this
-    /// while idle, now and then, so that such a chunk does not stay in
-    /// small pages for good.
-    pub fn retry_huge(&self) -> bool {
+    /// or a page of it busy): `Some(true)` if it is huge now, `Some(false)`
+    /// if it is not (it waits for the next call), `None` if none waited.
+    /// Kfs calls this while idle, now and then, so that such a chunk does
+    /// not stay in small pages for good.
+    pub fn retry_huge(&self) -> Option<bool> {
         self.map.retry_huge()
     }
 
@@ -297,10 +298,10 @@ impl Region {
         self.map.huge_retry_due()
     }
 
-    /// For tests: the next chunk asked for fails as if the kernel had no
-    /// huge page free at that moment.
-    #[doc(hidden)]
-    pub fn fail_next_huge_for_tests(&self) {
+    /// For tests (the `test-hooks` feature): the next chunk asked for
+    /// fails as if the kernel had no huge page free at that moment.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn fail_next_huge(&self) {
         self.map.fail_next_collapse()
     }
 
@@ -815,17 +816,17 @@ mod tests {
         // A chunk the kernel would not make huge for the moment is not
         // asked for again by make_huge, but is by retry_huge, once.
         assert!(!r.huge_retry_due());
-        assert!(!r.retry_huge());
-        r.fail_next_huge_for_tests();
+        assert_eq!(r.retry_huge(), None);
+        r.fail_next_huge();
         assert!(!r.make_huge(4 << 20, 1));
         assert!(!r.make_huge(4 << 20, 1));
         assert_eq!(r.huge_bytes(), 6 << 20);
         assert!(r.huge_retry_due());
-        assert!(r.retry_huge());
+        assert_eq!(r.retry_huge(), Some(true));
         assert_eq!(r.huge_bytes(), 8 << 20);
         assert!(r.make_huge(4 << 20, 1));
         assert!(!r.huge_retry_due());
-        assert!(!r.retry_huge());
+        assert_eq!(r.retry_huge(), None);
         assert_eq!(pmd_mapped_kib(r.map.addr()), 8192);
         r.read(at, &mut back).unwrap();
         assert_eq!(back, data);

@@ -120,15 +120,22 @@ impl Shm {
     }
 
     /// Asks the kernel again for one chunk it would not make huge for a
-    /// reason of the moment (see [`Region::retry_huge`](super::Region::retry_huge));
-    /// true if one was asked for.
-    pub fn retry_huge(&self) -> bool {
+    /// reason of the moment, as [`Region::retry_huge`](super::Region::retry_huge)
+    /// does.
+    pub fn retry_huge(&self) -> Option<bool> {
         self.map.retry_huge()
     }
 
     /// True if some chunk waits for [`Shm::retry_huge`].
     pub fn huge_retry_due(&self) -> bool {
         self.map.huge_retry_due()
+    }
+
+    /// For tests (the `test-hooks` feature): the next chunk asked for
+    /// fails as if the kernel had no huge page free at that moment.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn fail_next_huge(&self) {
+        self.map.fail_next_collapse()
     }
 
     /// How many bytes of the segment were made huge pages.

@@ -58,8 +58,8 @@ impl Place {
 
 /// A block-sized buffer that starts on a page, as the one an operation
 /// reads into or writes from. Where a buffer starts matters: both the
-/// kernel's copy to and from user memory and the C library's copy slow
-/// down two- to fourfold on some CPUs (this machine's among them) when the
+/// kernel's copy to user memory and the C library's copy slow down two-
+/// to fivefold on some CPUs (this machine's among them) when the
 /// destination's place within a cache line differs from the source's,
 /// and a heap buffer lands at a different place from run to run. Every
 /// backend gets the same, page-aligned, place.

@@ -708,7 +708,7 @@ fn provisioning_asks_again_for_a_chunk_the_kernel_would_not_make_huge() {
         return;
     }
     let region = v.image().region();
-    region.fail_next_huge_for_tests();
+    region.fail_next_huge();
     let mut p = v.provisioner();
     let mut waited = false;
     while p.step() {
