@@ -45,7 +45,7 @@ const CHUNK: u64 = 512 << 10;
 /// free huge pages) passes slowly, and each try costs a system call that
 /// may copy 2 MiB, or make the kernel compact memory. Each try that fails
 /// doubles the wait, up to [`RETRY_MAX`]; one that succeeds resets it.
-const RETRY_FIRST: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// The longest wait between retries.
 const RETRY_MAX: Duration = Duration::from_secs(64);
 

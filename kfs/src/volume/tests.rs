@@ -729,6 +729,36 @@ fn provisioning_asks_again_for_a_chunk_the_kernel_would_not_make_huge() {
     assert_eq!(region.huge_bytes(), w.image().region().huge_bytes());
 }
 
+/// After a retry, the next chunk waiting for one is not asked for before
+/// its wait is over, and is once it is.
+#[test]
+fn a_retry_of_a_chunk_the_kernel_would_not_make_huge_waits_for_the_last() {
+    let (_dir, _, v) = volume();
+    if !enable_huge_pages(&v) {
+        return;
+    }
+    let region = v.image().region();
+    let mut p = v.provisioner();
+    region.fail_next_huge();
+    while !region.huge_retry_due() && p.step() {}
+    if !region.can_make_huge() {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+        return;
+    }
+    assert!(region.huge_retry_due(), "no chunk failed");
+    // The next chunk asked for fails too: another of those still due, or
+    // the first retry. Either way one retry happened and one chunk waits.
+    region.fail_next_huge();
+    while p.step() {}
+    assert!(region.huge_retry_due());
+    assert!(!p.is_due(), "a retry did not wait for the last");
+    let before = region.huge_bytes();
+    std::thread::sleep(crate::provision::RETRY_FIRST);
+    assert!(p.is_due());
+    assert!(p.step());
+    assert_eq!(region.huge_bytes(), before + (2 << 20));
+}
+
 /// With huge pages enabled, provisioning makes the data pages ahead of
 /// the grants huge, not only the log: on a 16 MiB image, whose log is
 /// 1 MiB, the region's huge pages grow past what the log's chunks hold.
