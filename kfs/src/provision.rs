@@ -161,10 +161,12 @@ impl Provisioner {
                 return Some((Stream::Behind, self.data_back, behind.min(HUGE_PAGE as u64)));
             }
         }
-        // The index may have huge pages where the region has none.
-        let retry = self.region.huge_retry_due() || self.index.huge_retry_due();
-        let rested = self.retried.is_none_or(|(at, wait)| at.elapsed() >= wait);
-        (retry && rested).then_some((Stream::Retry, 0, 0))
+        // The index may have huge pages where the region has none. The
+        // clock is read only when a chunk waits: this runs at every idle
+        // poll of the Kfs thread.
+        let retry = (self.region.huge_retry_due() || self.index.huge_retry_due())
+            && self.retried.is_none_or(|(at, wait)| at.elapsed() >= wait);
+        retry.then_some((Stream::Retry, 0, 0))
     }
 }
 

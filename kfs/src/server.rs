@@ -505,20 +505,16 @@ impl Kfs {
     /// would not make huge asked for again if its wait is over (see
     /// [`ServerConfig::huge_pages`]). The Kfs thread does this while idle,
     /// a step at a time; this takes the provisioning for one step at a
-    /// time too, so the Kfs thread can serve requests in between. Returns
-    /// the steps taken (none once Kfs has stopped).
-    pub fn provision(&self) -> usize {
-        let mut steps = 0;
+    /// time too, so the Kfs thread can serve requests in between. Once Kfs
+    /// has stopped there is nothing to do.
+    pub fn provision(&self) {
         while self
             .nudge
             .provision
             .lock()
             .as_mut()
             .is_some_and(Provisioner::step)
-        {
-            steps += 1;
-        }
-        steps
+        {}
     }
 
     /// Bytes of the region and the index held in huge pages (see

@@ -131,13 +131,6 @@ impl Shm {
         self.map.huge_retry_due()
     }
 
-    /// For tests (the `test-hooks` feature): the next chunk asked for
-    /// fails as if the kernel had no huge page free at that moment.
-    #[cfg(any(test, feature = "test-hooks"))]
-    pub fn fail_next_huge(&self) {
-        self.map.fail_next_collapse()
-    }
-
     /// How many bytes of the segment were made huge pages.
     pub fn huge_bytes(&self) -> u64 {
         self.map.huge_bytes()

@@ -698,27 +698,37 @@ fn provision_everything(v: &Volume) -> bool {
     made
 }
 
+/// Provisions `v` with huge pages, the first chunk asked for failing as
+/// if the kernel had no huge page free, until that chunk waits for a
+/// retry; the provisioner, or `None` (the test skips) where the image or
+/// kernel makes no huge pages.
+fn provisioning_with_a_failed_chunk(v: &Volume) -> Option<crate::provision::Provisioner> {
+    if !enable_huge_pages(v) {
+        return None;
+    }
+    let region = v.image().region();
+    region.fail_next_huge();
+    let mut p = v.provisioner();
+    while !region.huge_retry_due() && p.step() {}
+    if !region.can_make_huge() {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+        return None;
+    }
+    assert!(region.huge_retry_due(), "no chunk failed");
+    Some(p)
+}
+
 /// A chunk the kernel would not make huge when provisioning asked, for a
 /// reason of the moment, is asked for again once nothing else is due, and
 /// ends up huge like the rest.
 #[test]
 fn provisioning_asks_again_for_a_chunk_the_kernel_would_not_make_huge() {
     let (_dir, _, v) = volume();
-    if !enable_huge_pages(&v) {
+    let Some(mut p) = provisioning_with_a_failed_chunk(&v) else {
         return;
-    }
+    };
+    while p.step() {}
     let region = v.image().region();
-    region.fail_next_huge();
-    let mut p = v.provisioner();
-    let mut waited = false;
-    while p.step() {
-        waited |= region.huge_retry_due();
-    }
-    if !region.can_make_huge() {
-        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
-        return;
-    }
-    assert!(waited, "no chunk failed");
     assert!(
         !region.huge_retry_due(),
         "the failed chunk was not asked for again"
@@ -734,18 +744,10 @@ fn provisioning_asks_again_for_a_chunk_the_kernel_would_not_make_huge() {
 #[test]
 fn a_retry_of_a_chunk_the_kernel_would_not_make_huge_waits_for_the_last() {
     let (_dir, _, v) = volume();
-    if !enable_huge_pages(&v) {
+    let Some(mut p) = provisioning_with_a_failed_chunk(&v) else {
         return;
-    }
+    };
     let region = v.image().region();
-    let mut p = v.provisioner();
-    region.fail_next_huge();
-    while !region.huge_retry_due() && p.step() {}
-    if !region.can_make_huge() {
-        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
-        return;
-    }
-    assert!(region.huge_retry_due(), "no chunk failed");
     // The next chunk asked for fails too: another of those still due, or
     // the first retry. Either way one retry happened and one chunk waits.
     region.fail_next_huge();
