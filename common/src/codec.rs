@@ -12,32 +12,39 @@ pub struct Writer<'a>(pub &'a mut Vec<u8>);
 
 impl Writer<'_> {
     /// One byte.
+    #[inline]
     pub fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
     /// A `u16`.
+    #[inline]
     pub fn u16(&mut self, v: u16) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// A `u32`.
+    #[inline]
     pub fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// A `u64`.
+    #[inline]
     pub fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// A flag, as a `u32` 0 or 1.
+    #[inline]
     pub fn bool(&mut self, v: bool) {
         self.u32(u32::from(v));
     }
     /// A length-prefixed byte string.
+    #[inline]
     pub fn bytes(&mut self, b: &[u8]) {
         self.u32(b.len() as u32);
         self.0.extend_from_slice(b);
     }
     /// A byte string of at most 255 bytes with a `u8` length;
     /// `ENAMETOOLONG` (nothing written) if it is longer.
+    #[inline]
     pub fn bytes8(&mut self, b: &[u8]) -> Result<(), Errno> {
         let n = u8::try_from(b.len()).map_err(|_| Errno::ENAMETOOLONG)?;
         self.u8(n);
@@ -46,6 +53,7 @@ impl Writer<'_> {
     }
     /// A byte string of at most 65,535 bytes with a `u16` length;
     /// `ENAMETOOLONG` (nothing written) if it is longer.
+    #[inline]
     pub fn bytes16(&mut self, b: &[u8]) -> Result<(), Errno> {
         let n = u16::try_from(b.len()).map_err(|_| Errno::ENAMETOOLONG)?;
         self.u16(n);
@@ -53,11 +61,13 @@ impl Writer<'_> {
         Ok(())
     }
     /// An optional `u32`.
+    #[inline]
     pub fn opt32(&mut self, v: Option<u32>) {
         self.bool(v.is_some());
         self.u32(v.unwrap_or(0));
     }
     /// An optional `i64`.
+    #[inline]
     pub fn opt64(&mut self, v: Option<i64>) {
         self.bool(v.is_some());
         self.u64(v.unwrap_or(0) as u64);

@@ -391,7 +391,7 @@ impl Superblock {
             reserved: [0; 332],
             crc: 0,
         };
-        raw.crc = crc32c::crc32c(&bytemuck::bytes_of(&raw)[..SUPERBLOCK_SIZE - 4]);
+        raw.crc = crate::checksum::crc32c(&bytemuck::bytes_of(&raw)[..SUPERBLOCK_SIZE - 4]);
         let mut out = [0u8; SUPERBLOCK_SIZE];
         out.copy_from_slice(bytemuck::bytes_of(&raw));
         out
@@ -405,7 +405,7 @@ impl Superblock {
             return Err(SuperblockFault::NoMagic);
         }
         let raw: RawSuperblock = bytemuck::pod_read_unaligned(&bytes[..SUPERBLOCK_SIZE]);
-        if crc32c::crc32c(&bytes[..SUPERBLOCK_SIZE - 4]) != raw.crc {
+        if crate::checksum::crc32c(&bytes[..SUPERBLOCK_SIZE - 4]) != raw.crc {
             return Err(SuperblockFault::BadChecksum);
         }
         if raw.version != FORMAT_VERSION {
@@ -515,8 +515,8 @@ impl LogEntryHeader {
     }
 
     fn checksum(&self, payload: &[u8]) -> u32 {
-        let head = crc32c::crc32c(&bytemuck::bytes_of(self)[4..]);
-        crc32c::crc32c_append(head, payload)
+        let head = crate::checksum::crc32c(&bytemuck::bytes_of(self)[4..]);
+        crate::checksum::crc32c_append(head, payload)
     }
 
     /// The header's bytes.
@@ -650,7 +650,8 @@ impl CheckpointHeader {
             reserved: [0; 12],
             header_crc: 0,
         };
-        h.header_crc = crc32c::crc32c(&bytemuck::bytes_of(&h)[..CHECKPOINT_HEADER_SIZE - 4]);
+        h.header_crc =
+            crate::checksum::crc32c(&bytemuck::bytes_of(&h)[..CHECKPOINT_HEADER_SIZE - 4]);
         h
     }
 
@@ -670,7 +671,7 @@ impl CheckpointHeader {
         if h.magic != CHECKPOINT_MAGIC {
             return Err("checkpoint has no magic");
         }
-        if crc32c::crc32c(&b[..CHECKPOINT_HEADER_SIZE - 4]) != h.header_crc {
+        if crate::checksum::crc32c(&b[..CHECKPOINT_HEADER_SIZE - 4]) != h.header_crc {
             return Err("checkpoint header checksum mismatch");
         }
         if h.pad != 0 || h.reserved != [0; 12] {

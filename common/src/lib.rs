@@ -9,6 +9,7 @@
 compile_error!("KucoFS supports x86-64 only (little-endian media layout, clwb/clflushopt)");
 
 pub mod channel;
+pub mod checksum;
 pub mod codec;
 pub mod errno;
 pub mod error;

@@ -235,6 +235,7 @@ impl Extents {
     }
 
     /// Writes the list: a count, then each run's start and length.
+    #[inline]
     pub fn encode(&self, w: &mut Writer<'_>) {
         w.u8(self.n);
         for e in self.as_slice() {
@@ -511,7 +512,8 @@ impl<'a> Request<'a> {
         out[0..2].copy_from_slice(&PROTO_VERSION.to_le_bytes());
         out[2..4].copy_from_slice(&op.to_le_bytes());
         out[4..8].copy_from_slice(&body.to_le_bytes());
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..8]), &out[HEADER..len]);
+        let crc =
+            crate::checksum::crc32c_append(crate::checksum::crc32c(&out[..8]), &out[HEADER..len]);
         out[8..12].copy_from_slice(&crc.to_le_bytes());
         Ok(len)
     }
@@ -532,7 +534,7 @@ impl<'a> Request<'a> {
         let end = HEADER.checked_add(body).ok_or(Errno::EPROTO)?;
         let body = buf.get(HEADER..end).ok_or(Errno::EPROTO)?;
         // The checksum covers version, op and length too.
-        if crc32c::crc32c_append(crc32c::crc32c(&buf[..8]), body) != crc {
+        if crate::checksum::crc32c_append(crate::checksum::crc32c(&buf[..8]), body) != crc {
             return Err(Errno::EPROTO);
         }
         let mut r = Reader::new(body);

@@ -139,13 +139,30 @@ impl Arena {
 
     /// Stores a word that readers may load concurrently. `Release`: every
     /// earlier store to the item is visible to a reader that `Acquire`s it.
+    #[inline]
     pub fn put(&self, off: u64, v: u64) -> Result<(), Errno> {
         self.shm
             .store_u64(off, v, Ordering::Release)
             .map_err(|_| Errno::EFAULT)
     }
 
+    /// The words of the inode at `inode`, checked once, for a change of
+    /// its attributes under its sequence lock.
+    #[inline]
+    pub fn attrs(&self, inode: u64) -> Result<Attrs<'_>, Errno> {
+        let words = self
+            .shm
+            .words(inode, (INODE_SIZE / 8) as usize)
+            .map_err(|_| Errno::EFAULT)?;
+        Ok(Attrs {
+            arena: self,
+            inode,
+            words,
+        })
+    }
+
     /// Stores a 4-byte word.
+    #[inline]
     pub fn put32(&self, off: u64, v: u32) -> Result<(), Errno> {
         self.shm
             .store_u32(off, v, Ordering::Release)
@@ -153,12 +170,14 @@ impl Arena {
     }
 
     /// Loads a word through Kfs's mapping.
+    #[inline]
     pub fn get(&self, off: u64) -> u64 {
         use kucofs_common::pm::Words;
         self.shm.load_u64(off, Ordering::Acquire)
     }
 
     /// Loads a 4-byte word through Kfs's mapping.
+    #[inline]
     pub fn get32(&self, off: u64) -> u32 {
         use kucofs_common::pm::Words;
         self.shm.load_u32(off, Ordering::Acquire)
@@ -299,25 +318,65 @@ impl Arena {
         }
         Ok(freed)
     }
+}
 
-    /// Begins a change of an inode's attributes (sequence lock: odd).
-    pub fn seq_begin(&self, inode: u64) -> Result<(), Errno> {
-        let s = self.get(inode + I_SEQ);
-        self.shm
-            .store_u64(inode + I_SEQ, s | 1, Ordering::Relaxed)
-            .map_err(|_| Errno::EFAULT)?;
-        // Orders the odd sequence before the field stores that follow; pairs
-        // with the reader's Acquire fence before its re-check of `seq`.
-        fence(Ordering::Release);
+/// One inode's words (from [`Arena::attrs`]), stored into without a
+/// bounds check per store: an attribute change stores half a dozen.
+#[derive(Debug)]
+pub struct Attrs<'a> {
+    arena: &'a Arena,
+    inode: u64,
+    words: &'a [std::sync::atomic::AtomicU64],
+}
+
+impl Attrs<'_> {
+    /// Stores the word at `off` (an offset in the arena, inside the
+    /// inode) with `Release`, as [`Arena::put`].
+    #[inline]
+    pub fn put(&self, off: u64, v: u64) -> Result<(), Errno> {
+        let i = off.wrapping_sub(self.inode);
+        if i % 8 != 0 {
+            return self.arena.put(off, v);
+        }
+        let w = self.words.get((i / 8) as usize).ok_or(Errno::EFAULT)?;
+        w.store(v, Ordering::Release);
         Ok(())
     }
 
-    /// Ends a change of an inode's attributes (sequence lock: even again).
-    pub fn seq_end(&self, inode: u64) -> Result<(), Errno> {
-        let s = self.get(inode + I_SEQ);
-        // Release: the field stores are visible before the even sequence;
-        // pairs with the reader's Acquire load of `seq`.
-        self.put(inode + I_SEQ, (s | 1) + 1)
+    /// Stores a 4-byte word, as [`Arena::put32`].
+    pub fn put32(&self, off: u64, v: u32) -> Result<(), Errno> {
+        self.arena.put32(off, v)
+    }
+
+    /// Begins a change of the inode's attributes (sequence lock: odd).
+    #[inline]
+    fn begin(&self) -> u64 {
+        let seq = &self.words[(I_SEQ / 8) as usize];
+        let s = seq.load(Ordering::Relaxed) | 1;
+        seq.store(s, Ordering::Relaxed);
+        // Orders the odd sequence before the field stores that follow;
+        // pairs with the reader's Acquire fence before its re-check of
+        // `seq`.
+        fence(Ordering::Release);
+        s
+    }
+
+    /// Ends the change begun at odd sequence `s` (even again). Release:
+    /// the field stores are visible before it; pairs with the reader's
+    /// Acquire load of `seq`.
+    #[inline]
+    fn end(&self, s: u64) {
+        self.words[(I_SEQ / 8) as usize].store(s + 1, Ordering::Release);
+    }
+
+    /// Runs `f`, a change of the inode's attributes, under its sequence
+    /// lock.
+    #[inline]
+    pub fn change<R>(&self, f: impl FnOnce(&Self) -> R) -> R {
+        let s = self.begin();
+        let r = f(self);
+        self.end(s);
+        r
     }
 }
 
@@ -407,5 +466,27 @@ mod tests {
             a.alloc(TAG_DIRENT, 65536).unwrap();
         }
         assert!(a.shm().len() > first);
+    }
+
+    #[test]
+    fn an_attribute_change_stores_its_fields_inside_one_even_to_even_sequence() {
+        let mut a = Arena::new().unwrap();
+        let inode = a.alloc(TAG_INODE, INODE_SIZE).unwrap();
+        let seq = a.get(inode + I_SEQ);
+        assert_eq!(seq % 2, 0);
+        let attrs = a.attrs(inode).unwrap();
+        let seen = attrs.change(|x| {
+            x.put(inode + I_SIZE, 4096).unwrap();
+            x.put32(inode + I_NLINK, 3).unwrap();
+            // Odd while the change is under way.
+            a.get(inode + I_SEQ)
+        });
+        assert_eq!(seen, seq | 1);
+        assert_eq!(a.get(inode + I_SEQ), seq + 2);
+        assert_eq!(a.get(inode + I_SIZE), 4096);
+        assert_eq!(a.get32(inode + I_NLINK), 3);
+        // A word past the inode is not this change's to store.
+        assert_eq!(attrs.put(inode + INODE_SIZE, 1), Err(Errno::EFAULT));
+        assert_eq!(attrs.put(inode.wrapping_sub(8), 1), Err(Errno::EFAULT));
     }
 }

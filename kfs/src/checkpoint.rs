@@ -53,7 +53,7 @@ impl Sink<'_> {
             } else if self.region.write_nt(self.at, &self.buf).is_err() {
                 self.failed = Some(Errno::EIO);
             } else {
-                self.crc = crc32c::crc32c_append(self.crc, &self.buf);
+                self.crc = kucofs_common::checksum::crc32c_append(self.crc, &self.buf);
                 self.at += n;
             }
         }
@@ -171,7 +171,7 @@ pub fn read(
     if !read(area.offset() + CHECKPOINT_HEADER_SIZE as u64, &mut body) {
         return Err("checkpoint body is outside the image".into());
     }
-    if crc32c::crc32c(&body) != h.body_crc {
+    if kucofs_common::checksum::crc32c(&body) != h.body_crc {
         return Err(format!(
             "slot {}: checkpoint body checksum mismatch",
             c.slot

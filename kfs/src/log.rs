@@ -1,8 +1,10 @@
 //! The operation log (DESIGN §10): append-only, checksummed redo entries in
-//! the region's log area. An entry is persisted (non-temporal stores and a
-//! fence) before Kfs applies its change or replies, so every acknowledged
-//! change survives a crash; a torn entry fails its checksum and ends the
-//! log, which is right, since its change was never acknowledged.
+//! the region's log area. An entry is written with non-temporal stores
+//! before Kfs applies its change to the index, and fenced before Kfs
+//! replies (the stores drain while the index changes), so every
+//! acknowledged change survives a crash; a torn entry fails its checksum
+//! and ends the log, which is right, since its change was never
+//! acknowledged.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,6 +30,8 @@ pub struct Log {
     prefaulted: u64,
     /// `pos`, published for the Kfs thread's page provisioning.
     published: Arc<AtomicU64>,
+    /// An entry was appended and not yet fenced.
+    unfenced: bool,
     buf: Vec<u8>,
 }
 
@@ -45,6 +49,7 @@ impl Log {
             entries,
             prefaulted: pos,
             published: Arc::new(AtomicU64::new(pos)),
+            unfenced: false,
             buf: Vec::with_capacity(4096),
         }
     }
@@ -105,8 +110,9 @@ impl Log {
         Ok(self.pos + self.buf.len() as u64 <= self.area.len())
     }
 
-    /// Appends the entry [`prepare`](Self::prepare) encoded and makes it
-    /// durable. `ENOSPC` if it does not fit.
+    /// Appends the entry [`prepare`](Self::prepare) encoded. It is durable
+    /// after the next [`fence`](Self::fence), which the caller makes
+    /// before it replies. `ENOSPC` if it does not fit.
     pub fn append_prepared(&mut self, region: &Region) -> Result<(), Errno> {
         let len = self.buf.len() as u64;
         if len == 0 || self.pos + len > self.area.len() {
@@ -123,13 +129,24 @@ impl Log {
         // Entries start on cache lines and are padded to whole lines, so
         // the non-temporal copy needs no flush; the fence makes it durable.
         region.write_nt(at, &self.buf).map_err(|_| Errno::EIO)?;
-        region.fence();
+        self.unfenced = true;
         self.buf.clear();
         self.pos += len;
         self.published.store(self.pos, Ordering::Relaxed);
         self.next_seq += 1;
         self.entries += 1;
         Ok(())
+    }
+
+    /// Makes the entries appended so far durable: waits for their
+    /// non-temporal stores to drain, unless none is pending. Kfs applies a
+    /// change to the index while its entry drains, and fences before it
+    /// replies: the index is volatile, so what it shows early is lost with
+    /// it in a crash, and no acknowledged change goes without its entry.
+    pub fn fence(&mut self, region: &Region) {
+        if std::mem::take(&mut self.unfenced) {
+            region.fence();
+        }
     }
 
     /// Starts over at the area's beginning after a checkpoint that covers

@@ -24,7 +24,7 @@ use kucofs_common::pm::{Shm, Words};
 use kucofs_common::proto::{Creds, Hint, Reply, Request};
 use kucofs_common::Errno;
 
-use crate::arena::Arena;
+use crate::arena::{Arena, Attrs};
 use crate::record::Record;
 
 /// Inode number of the root directory.
@@ -387,12 +387,9 @@ impl Namespace {
     fn update(
         &mut self,
         inode: u64,
-        f: impl FnOnce(&Arena) -> Result<(), Errno>,
+        f: impl FnOnce(&Attrs<'_>) -> Result<(), Errno>,
     ) -> Result<(), Errno> {
-        self.arena.seq_begin(inode)?;
-        let r = f(&self.arena);
-        self.arena.seq_end(inode)?;
-        r
+        self.arena.attrs(inode)?.change(f)
     }
 
     /// An inode's link count. Kfs is the only writer of inodes, so it

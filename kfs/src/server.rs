@@ -68,6 +68,15 @@ impl Default for ServerConfig {
 
 const KINDS: usize = RequestKind::ALL.len();
 
+/// Adds `n` to a counter only the holder of the volume's lock changes
+/// (readers load it with `Relaxed`, and may see it a little behind);
+/// returns the old value.
+fn bump(counter: &AtomicU64, n: u64) -> u64 {
+    let old = counter.load(Ordering::Relaxed);
+    counter.store(old.wrapping_add(n), Ordering::Relaxed);
+    old
+}
+
 /// Counters the Kfs thread keeps, readable from any thread.
 #[derive(Debug)]
 pub struct Stats {
@@ -94,11 +103,13 @@ impl Stats {
 
     /// Runs `f`, a request of `kind`, counting it, and timing about one
     /// request in 8 (two clock reads per request would cost a few percent
-    /// of a create); the timed ones stand for all of their kind.
+    /// of a create); the timed ones stand for all of their kind. Callers
+    /// hold the volume's lock, so the counters have one writer at a time
+    /// and a load and a store add to them, cheaper than a locked add.
     fn served<R>(&self, kind: RequestKind, f: impl FnOnce() -> R) -> R {
         // `RequestKind::ALL` lists the kinds in declaration order.
         let i = kind as usize;
-        let n = self.count[i].fetch_add(1, Ordering::Relaxed);
+        let n = bump(&self.count[i], 1);
         // Pseudo-random, not periodic: costly requests that recur with a
         // period (a table doubling every 2^k entries) must be sampled too.
         if n.wrapping_mul(crate::intmap::PHI) >> 61 != 0 {
@@ -107,8 +118,8 @@ impl Stats {
         let t0 = Instant::now();
         let r = f();
         let ns = t0.elapsed().as_nanos() as u64;
-        self.timed[i].fetch_add(1, Ordering::Relaxed);
-        self.ns[i].fetch_add(ns, Ordering::Relaxed);
+        bump(&self.timed[i], 1);
+        bump(&self.ns[i], ns);
         r
     }
 
@@ -331,7 +342,7 @@ impl Direct {
         let mut reply = self
             .stats
             .served(req.kind(), || volume.handle_deferred(req, caller));
-        let n = self.stats.direct.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = bump(&self.stats.direct, 1) + 1;
         let mut wake = volume.take_wake_kfs();
         if n % DIRECT_HOUSEKEEPING == 0 {
             keep_house(volume, &self.stats);
@@ -721,7 +732,7 @@ impl Server {
 /// A round of [`Volume::keep_house`], counted in `stats`.
 fn keep_house(volume: &mut Volume, stats: &Stats) {
     let n = volume.keep_house();
-    stats.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+    bump(&stats.reclaimed, n as u64);
 }
 
 #[cfg(test)]

@@ -285,6 +285,10 @@ impl Volume {
             Some(r) => r,
             None => self.handle_inner(req, caller.creds),
         };
+        // The change's log entry drained while the index took the change:
+        // durable now, before the reply (and before the volume's lock is
+        // released, so the next change is logged after it).
+        self.log.fence(self.image.region());
         match r {
             Ok(r) => r,
             Err(e) => Reply::err(e),
@@ -342,6 +346,8 @@ impl Volume {
             Some(c) => 1 - (c.slot & 1),
             None => 0,
         };
+        // The entries it covers are durable before it is.
+        self.log.fence(self.image.region());
         let seq = self.log.next_seq();
         checkpoint::write(self.image.region(), &sb.geometry, slot, seq, &self.ns)?;
         let mut next = sb;

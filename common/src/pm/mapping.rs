@@ -291,6 +291,26 @@ impl Mapping {
         Ok(unsafe { AtomicU64::from_ptr(self.at(start) as *mut u64) })
     }
 
+    /// The `n` atomic 8-byte words from a checked, aligned `offset`, for
+    /// storing into (writable mappings only).
+    #[inline]
+    pub(super) fn words64(&self, offset: u64, n: usize) -> Result<&[AtomicU64]> {
+        self.writable_or_err(offset)?;
+        if offset % 8 != 0 {
+            return Err(Error::Misaligned { offset, align: 8 });
+        }
+        let len = n.checked_mul(8).ok_or(Error::OutOfBounds {
+            offset,
+            len: u64::MAX,
+            size: self.len as u64,
+        })?;
+        let start = self.check(offset, len)?;
+        // SAFETY: in bounds and 8-byte aligned (checked; the mapping is
+        // page-aligned); the slice lives no longer than `&self`, which keeps
+        // the mapping alive; every access to such words is atomic.
+        Ok(unsafe { std::slice::from_raw_parts(self.at(start) as *const AtomicU64, n) })
+    }
+
     /// The atomic 4-byte word at a checked, aligned `offset`.
     #[inline]
     fn word32(&self, offset: u64) -> Result<&AtomicU32> {

@@ -216,9 +216,18 @@ impl Shm {
     }
 
     /// Stores the 8-byte word at `offset`.
+    #[inline]
     pub fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<()> {
         self.check(offset, 8)?;
         self.map.store_u64(offset, value, order)
+    }
+
+    /// The `n` 8-byte words from the aligned `offset`, checked once, for a
+    /// run of stores into one item.
+    #[inline]
+    pub fn words(&self, offset: u64, n: usize) -> Result<&[std::sync::atomic::AtomicU64]> {
+        self.check(offset, (n as u64).saturating_mul(8))?;
+        self.map.words64(offset, n)
     }
 
     /// Stores the 4-byte word at `offset`.

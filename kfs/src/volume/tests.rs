@@ -210,6 +210,65 @@ fn every_crash_image_of_a_create_recovers_to_before_or_after() {
     }
 }
 
+/// A commit's log entry is written before the index takes the change and
+/// fenced after, before the reply: the durable image at the reply holds
+/// it, and one taken at the fence's start (the entry may not have drained)
+/// recovers to before or after the write.
+#[test]
+fn a_commit_is_durable_at_its_reply_and_whole_in_every_crash_image() {
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let rec = Arc::new(Recorder::new());
+    let mut v = Volume::open_with(&path, rec.clone()).unwrap();
+    let (f, g) = a_file_and_a_grant(&mut v, 2);
+    let pages = |v: &Volume| {
+        let mut out = Vec::new();
+        v.ns.file_pages(f.inode, |p, d| out.push((p, d)));
+        (
+            v.ns.shm_u64(f.inode + kucofs_common::index::layout::I_SIZE),
+            out,
+        )
+    };
+    let before = pages(&v);
+    let images = Arc::new(Mutex::new(Vec::new()));
+    let sink = images.clone();
+    rec.on_fence(move |cp| {
+        sink.lock()
+            .extend(cp.images(1 << 12).expect("few stores in flight"))
+    });
+    assert_eq!(
+        v.handle(&commit(f.ino, 1, 2 * 4096, g.inode, 1), ME).errno,
+        0
+    );
+    let after = pages(&v);
+    assert_eq!(after, (2 * 4096, vec![(1, g.inode)]));
+    let durable = rec.durable_image();
+    let images = std::mem::take(&mut *images.lock());
+    drop(v);
+    assert!(!images.is_empty());
+    let check = |image: &[u8]| {
+        let img_path = dir.path().join("crash");
+        std::fs::write(&img_path, image).unwrap();
+        let v = Volume::open(&img_path).unwrap();
+        let inode = v.ns.file_inode(f.ino).unwrap();
+        let mut out = Vec::new();
+        v.ns.file_pages(inode, |p, d| out.push((p, d)));
+        (
+            v.ns.shm_u64(inode + kucofs_common::index::layout::I_SIZE),
+            out,
+        )
+    };
+    assert_eq!(check(&durable), after, "an acknowledged write was lost");
+    for image in &images {
+        let t = check(image);
+        assert!(
+            t == before || t == after,
+            "a crash image recovered to neither state: {t:?}"
+        );
+    }
+}
+
 /// Clients 0 (`ME`) and 1, without views; client 0 has file "f" open for
 /// writing. Returns client 1 and the open.
 fn two_clients_one_writing(v: &mut Volume) -> (Caller, Reply) {
