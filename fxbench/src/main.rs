@@ -50,7 +50,7 @@ fn medium(args: MediumArgs) -> anyhow::Result<()> {
     let json = args.json.as_deref().map(ResultsFile::create).transpose()?;
     let m = fxbench::medium::measure(&args.dir)?;
     print!("{}", m.table());
-    if let Some(file) = json {
+    if let Some(mut file) = json {
         file.write(&serde_json::json!({
             "machine": Machine::describe(),
             "medium": m,
@@ -132,9 +132,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         rounds: args.rounds,
     };
     plan.check()?;
-    let json = args.json.as_deref().map(ResultsFile::create).transpose()?;
+    let mut json = args.json.as_deref().map(ResultsFile::create).transpose()?;
 
     let machine = Machine::describe();
+    let baseline = plan.backends[0].name();
+    let mut so_far = Vec::new();
     let results = plan.run(|m| {
         let bandwidth = m
             .mib_per_sec()
@@ -148,10 +150,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             "{} on {} with {} thread(s){round}: {} ops in {:.3} s{bandwidth}",
             m.workload, m.backend, m.threads, m.ops, m.seconds
         );
+        // The file holds every measurement so far, so a run cut short
+        // keeps them; one that cannot be written is reported at the end.
+        if let Some(file) = json.as_mut() {
+            so_far.push(m.clone());
+            let _ = file.write(&Report::new(machine.clone(), &so_far, baseline));
+        }
     })?;
-    let report = Report::new(machine, &results, plan.backends[0].name());
+    let report = Report::new(machine, &results, baseline);
     print!("{}", report.table());
-    if let Some(file) = json {
+    if let Some(file) = json.as_mut() {
         file.write(&report)?;
     }
     Ok(())

@@ -2,7 +2,7 @@
 //! `{"machine": {...}, "results": [{...}, ...]}`.
 
 use std::fs::File;
-use std::io::Write as _;
+use std::io::{Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 
 use std::collections::BTreeMap;
@@ -250,18 +250,22 @@ impl ResultsFile {
     }
 
     /// Writes `report` (a [`Report`], or any other record) as
-    /// pretty-printed JSON.
-    pub fn write(mut self, report: &impl Serialize) -> Result<()> {
+    /// pretty-printed JSON, in place of what an earlier call wrote: a run
+    /// rewrites its file after every measurement, so one cut short keeps
+    /// what it measured.
+    pub fn write(&mut self, report: &impl Serialize) -> Result<()> {
         let mut json = serde_json::to_string_pretty(report).map_err(|e| Error::Results {
             path: self.path.clone(),
             source: e.into(),
         })?;
         json.push('\n');
-        self.file
-            .write_all(json.as_bytes())
-            .and_then(|()| self.file.flush())
+        let file = &mut self.file;
+        file.set_len(0)
+            .and_then(|()| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(json.as_bytes()))
+            .and_then(|()| file.flush())
             .map_err(|source| Error::Results {
-                path: self.path,
+                path: self.path.clone(),
                 source,
             })
     }
@@ -396,6 +400,19 @@ mod tests {
             ],
             "{table}"
         );
+    }
+
+    #[test]
+    fn a_later_write_replaces_the_earlier_one_whole() {
+        let tmp = crate::testing::tempdir();
+        let path = tmp.path().join("out.json");
+        let mut file = ResultsFile::create(&path).unwrap();
+        file.write(&serde_json::json!({ "long": "x".repeat(200) }))
+            .unwrap();
+        file.write(&serde_json::json!({ "short": 1 })).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(v, serde_json::json!({ "short": 1 }));
     }
 
     #[test]

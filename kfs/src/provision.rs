@@ -125,10 +125,7 @@ impl Provisioner {
             }
             Stream::Retry => {
                 let made = self.region.retry_huge().or_else(|| self.index.retry_huge());
-                let wait = match (made, self.retried) {
-                    (Some(false), Some((_, wait))) => (wait * 2).min(RETRY_MAX),
-                    _ => RETRY_FIRST,
-                };
+                let wait = next_wait(made, self.retried.map(|(_, wait)| wait));
                 self.retried = Some((Instant::now(), wait));
             }
         }
@@ -167,6 +164,17 @@ impl Provisioner {
         let retry = (self.region.huge_retry_due() || self.index.huge_retry_due())
             && self.retried.is_none_or(|(at, wait)| at.elapsed() >= wait);
         retry.then_some((Stream::Retry, 0, 0))
+    }
+}
+
+/// How long to wait after a retry whose outcome was `made` (`Some(true)`:
+/// the chunk is huge now; `None`: no chunk was left to ask for), the wait
+/// before that retry having been `last`: twice as long after a failure
+/// that followed one, up to [`RETRY_MAX`]; else [`RETRY_FIRST`].
+fn next_wait(made: Option<bool>, last: Option<Duration>) -> Duration {
+    match (made, last) {
+        (Some(false), Some(wait)) => (wait * 2).min(RETRY_MAX),
+        _ => RETRY_FIRST,
     }
 }
 
@@ -219,5 +227,21 @@ mod tests {
         // Near the end, the rest, however short.
         assert_eq!(due(len - 100, len - AHEAD), Some((len - 100, 100)));
         assert_eq!(due(len, len - 10), None);
+    }
+
+    #[test]
+    fn retries_that_fail_wait_twice_as_long_each_time_up_to_the_most() {
+        let mut wait = next_wait(Some(false), None);
+        assert_eq!(wait, RETRY_FIRST);
+        let mut waits = vec![wait];
+        for _ in 0..10 {
+            wait = next_wait(Some(false), Some(wait));
+            waits.push(wait);
+        }
+        let secs: Vec<u64> = waits.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 64, 64, 64, 64]);
+        // A success, or nothing left to ask for, starts over.
+        assert_eq!(next_wait(Some(true), Some(RETRY_MAX)), RETRY_FIRST);
+        assert_eq!(next_wait(None, Some(RETRY_MAX)), RETRY_FIRST);
     }
 }
