@@ -50,6 +50,8 @@ const S_WAKE: u64 = 28;
 const S_REQ_LEN: u64 = 32;
 const REPLY_RECORD: u64 = 64;
 const REQUEST_RECORD: u64 = 128;
+// The reply fits between its start and the request's.
+const _: () = assert!(REPLY_RECORD + REPLY_SIZE as u64 <= REQUEST_RECORD);
 
 // Doorbell layout.
 const D_SLEEPING: u64 = 0;

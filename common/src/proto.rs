@@ -12,14 +12,23 @@ use crate::Errno;
 
 /// Version of what a client and Kfs must agree on: the request encoding
 /// and the layout of the shared index the client reads (2: directory links
-/// carry their next node's hash tag).
-pub const PROTO_VERSION: u16 = 2;
+/// carry their next node's hash tag; 3: a grant's reply carries up to
+/// [`GRANT_RUNS`] more runs).
+pub const PROTO_VERSION: u16 = 3;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
 pub const HINT_SIZE: usize = 4 + 8 + 4 + 8 + 8 + 4;
 /// Encoded size of a reply.
-pub const REPLY_SIZE: usize = 32;
+pub const REPLY_SIZE: usize = 32 + 8 * GRANT_RUNS;
+/// Runs a grant's reply carries beyond its first: where free pages lie
+/// scattered (every random overwrite frees one somewhere), a grant of one
+/// run would hand out a page or two, and a writer would ask for a grant
+/// before nearly every write.
+pub const GRANT_RUNS: usize = 4;
+/// A packed run of [`Reply::runs`]: the first page in the low 40 bits
+/// (page numbers fit 40 bits, as in block-map entries), the count above.
+const RUN_PAGE_BITS: u32 = 40;
 
 /// Where a client found things while resolving a path (collaborative
 /// indexing, DESIGN §6): the parent directory and, in its list, the node
@@ -142,7 +151,8 @@ pub enum Request<'a> {
     Close { ino: u64, write: bool },
     /// Ask for a pool of up to `pages` free data pages for this thread's
     /// slot, made writable for this client. The reply's `inode` is the first
-    /// page, its `value` the count.
+    /// page, its `value` the count, of the first run; its
+    /// [`runs`](Reply::runs) may add more ([`Reply::granted`] lists all).
     Grant { pages: u32 },
     /// Commit a copy-on-write: file pages `first..` now live in the pool
     /// pages `extents` name, in order, and the file is at least `size`
@@ -299,6 +309,8 @@ pub struct Reply {
     /// size after a commit or truncation, or 1 if an open created its
     /// file.
     pub value: u64,
+    /// A grant's runs after its first, packed (page, count); 0 for none.
+    pub runs: [u64; GRANT_RUNS],
 }
 
 impl Reply {
@@ -319,6 +331,42 @@ impl Reply {
         }
     }
 
+    /// A grant's reply for `runs` of (first page, count): the first in
+    /// `inode` and `value`, up to [`GRANT_RUNS`] more packed in `runs`.
+    /// `None` for no run, too many, or one that does not pack (a page
+    /// number of more than 40 bits, a count of more than 24).
+    pub fn grant(runs: &[(u64, u64)]) -> Option<Reply> {
+        let (&(inode, value), rest) = runs.split_first()?;
+        if rest.len() > GRANT_RUNS {
+            return None;
+        }
+        let mut reply = Reply {
+            inode,
+            value,
+            ..Reply::default()
+        };
+        for (slot, &(page, n)) in reply.runs.iter_mut().zip(rest) {
+            if page >> RUN_PAGE_BITS != 0 || n == 0 || n >> (64 - RUN_PAGE_BITS) != 0 {
+                return None;
+            }
+            *slot = page | n << RUN_PAGE_BITS;
+        }
+        Some(reply)
+    }
+
+    /// The runs of (first page, count) a grant's reply hands out, the
+    /// first first.
+    pub fn granted(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let more = self
+            .runs
+            .iter()
+            .filter(|&&r| r != 0)
+            .map(|&r| (r & ((1 << RUN_PAGE_BITS) - 1), r >> RUN_PAGE_BITS));
+        std::iter::once((self.inode, self.value))
+            .filter(|&(_, n)| n > 0)
+            .chain(more)
+    }
+
     /// The fixed encoding.
     pub fn encode(&self) -> [u8; REPLY_SIZE] {
         let mut b = [0u8; REPLY_SIZE];
@@ -327,6 +375,9 @@ impl Reply {
         b[8..16].copy_from_slice(&self.ino.to_le_bytes());
         b[16..24].copy_from_slice(&self.inode.to_le_bytes());
         b[24..32].copy_from_slice(&self.value.to_le_bytes());
+        for (i, r) in self.runs.iter().enumerate() {
+            b[32 + 8 * i..40 + 8 * i].copy_from_slice(&r.to_le_bytes());
+        }
         b
     }
 
@@ -344,6 +395,7 @@ impl Reply {
             ino: u64_at(8),
             inode: u64_at(16),
             value: u64_at(24),
+            runs: std::array::from_fn(|i| u64_at(32 + 8 * i)),
         }
     }
 }
@@ -795,8 +847,30 @@ mod tests {
             inode: 4096,
             gen: 3,
             value: 9,
+            runs: [1 | 2 << 40, 0, 7 << 40, u64::MAX],
         };
         assert_eq!(Reply::decode(&r.encode()), r);
         assert_eq!(r.result(), Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn a_grant_reply_carries_its_runs_and_refuses_what_does_not_pack() {
+        let runs = [(100, 5), (7, 1), ((1 << 40) - 1, (1 << 24) - 1), (0, 3)];
+        let r = Reply::grant(&runs).unwrap();
+        assert_eq!((r.inode, r.value), (100, 5));
+        let back = Reply::decode(&r.encode());
+        assert_eq!(back.granted().collect::<Vec<_>>(), runs);
+        // One run: nothing packed.
+        let one = Reply::grant(&[(9, 4)]).unwrap();
+        assert_eq!(one.runs, [0; GRANT_RUNS]);
+        assert_eq!(one.granted().collect::<Vec<_>>(), [(9, 4)]);
+        // Too many runs, none, a page past 40 bits, a count past 24 or 0.
+        assert!(Reply::grant(&[(1, 1); GRANT_RUNS + 2]).is_none());
+        assert!(Reply::grant(&[]).is_none());
+        assert!(Reply::grant(&[(1, 1), (1 << 40, 1)]).is_none());
+        assert!(Reply::grant(&[(1, 1), (2, 1 << 24)]).is_none());
+        assert!(Reply::grant(&[(1, 1), (2, 0)]).is_none());
+        // Not a grant: no run.
+        assert_eq!(Reply::default().granted().count(), 0);
     }
 }

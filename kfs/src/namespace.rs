@@ -802,7 +802,7 @@ impl Namespace {
             ino: r.ino(inode),
             inode,
             gen: header_gen(r.header(inode)),
-            value: 0,
+            ..Reply::default()
         }
     }
 

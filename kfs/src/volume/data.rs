@@ -12,7 +12,7 @@ use kucofs_common::index::blockmap::{entry_page, MapReader, MAX_FILE_PAGES, MAX_
 use kucofs_common::index::layout::I_SIZE;
 use kucofs_common::index::Kind;
 use kucofs_common::pm::{Protection, Protector, Shm, Words, BATCH_PAGES, BATCH_TIME};
-use kucofs_common::proto::{open, Extents, Reply, Request, COMMIT_PAGES_MAX};
+use kucofs_common::proto::{open, Extents, Reply, Request, COMMIT_PAGES_MAX, GRANT_RUNS};
 use kucofs_common::Errno;
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
@@ -488,6 +488,7 @@ impl Volume {
             gen,
             // 1: this open created the file.
             value: u64::from(created),
+            ..Reply::default()
         };
         if kind == Kind::File {
             self.ns.pin(ino);
@@ -544,7 +545,7 @@ impl Volume {
         // in their epoch move on (readers take no lock, so waiting here
         // holds none of them up).
         let mut tries = 0;
-        let (start, n) = loop {
+        let ((start, n), lowest) = loop {
             // The lowest free pages when they are writable here already
             // (always under `off`, which never flips them back); else,
             // since each run costs a protection change, the lowest long
@@ -562,7 +563,7 @@ impl Volume {
             };
             let share = (self.pages.free_pages() / POOL_SHARE).max(1);
             match self.pages.grant(h, want.min(share), !lowest_ready) {
-                Ok(g) => break g,
+                Ok(g) => break (g, lowest_ready),
                 Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES => return Err(e),
                 Err(_) => {
                     if tries > 0 {
@@ -573,22 +574,48 @@ impl Volume {
                 }
             }
         };
+        // Lowest pages are taken where free pages are scattered (each
+        // random overwrite frees one somewhere): up to GRANT_RUNS runs
+        // more, so that a pool holds more than the page or two of one.
+        let mut runs = [(0, 0); 1 + GRANT_RUNS];
+        runs[0] = (start, n);
+        let mut count = 1;
+        let mut total = n;
+        while lowest && count < runs.len() && total < want {
+            let share = (self.pages.free_pages() / POOL_SHARE).max(1);
+            if total >= share {
+                break;
+            }
+            match self
+                .pages
+                .grant(h, (want - total).min(share - total), false)
+            {
+                Ok(g) => {
+                    runs[count] = g;
+                    count += 1;
+                    total += g.1;
+                }
+                Err(_) => break,
+            }
+        }
+        let runs = &runs[..count];
         let changes = &mut self.data.changes;
         for (&id, c) in self.data.clients.iter_mut() {
             let Some(v) = &mut c.view else { continue };
             // Another client's view may still have some of these pages
             // writable (they left a file there): not any more.
-            v.set(start, n, id == caller.client, changes);
+            for &(s, n) in runs {
+                v.set(s, n, id == caller.client, changes);
+            }
         }
-        if self.settle_protection().is_err() {
-            self.undo_grant(caller, start, n);
+        let reply = Reply::grant(runs).ok_or(Errno::EIO);
+        if self.settle_protection().is_err() || reply.is_err() {
+            for &(s, n) in runs {
+                self.undo_grant(caller, s, n);
+            }
             return Err(Errno::EIO);
         }
-        Ok(Reply {
-            inode: start,
-            value: n,
-            ..Reply::default()
-        })
+        reply
     }
 
     /// Frees a run of idle pages from the pool of the caller's slot `slot`

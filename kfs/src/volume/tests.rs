@@ -629,6 +629,44 @@ fn a_file_and_a_grant(v: &mut Volume, pages: u32) -> (Reply, Reply) {
     (f, g)
 }
 
+/// Where the free pages lie scattered, as random overwrites leave them, a
+/// grant hands out several runs in one reply, all in the caller's pool,
+/// and no more pages than asked for.
+#[test]
+fn a_grant_among_scattered_free_pages_hands_out_several_runs() {
+    let (_dir, path, mut v) = volume();
+    let (f, g) = a_file_and_a_grant(&mut v, 64);
+    assert_eq!(
+        g.granted().count(),
+        1,
+        "a fresh volume's free pages are one run"
+    );
+    // Every other page of the pool back: free singles, the lowest pages.
+    for p in (0..64).step_by(2) {
+        let unpool = Request::Unpool {
+            slot: ME.slot,
+            start: g.inode + p,
+            pages: 1,
+        };
+        assert_eq!(v.handle(&unpool, ME).errno, 0);
+    }
+    let r = v.handle(&Request::Grant { pages: 8 }, ME);
+    assert_eq!(r.errno, 0);
+    let runs: Vec<(u64, u64)> = r.granted().collect();
+    let singles: Vec<(u64, u64)> = (0..=kucofs_common::proto::GRANT_RUNS as u64)
+        .map(|i| (g.inode + 2 * i, 1))
+        .collect();
+    assert_eq!(runs, singles);
+    // A page of the last run is the caller's to commit.
+    let (last, _) = runs[kucofs_common::proto::GRANT_RUNS];
+    assert_eq!(v.handle(&commit(f.ino, 0, 4096, last, 1), ME).errno, 0);
+    // No more than asked: a grant of 2 takes two singles.
+    let two = v.handle(&Request::Grant { pages: 2 }, ME);
+    assert_eq!(two.granted().map(|(_, n)| n).sum::<u64>(), 2);
+    v.close().unwrap();
+    assert!(crate::fsck(&path).unwrap().problems.is_empty());
+}
+
 #[test]
 fn a_commit_of_pages_past_the_size_it_names_is_refused() {
     let (_dir, path, mut v) = volume();
