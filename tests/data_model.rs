@@ -85,7 +85,7 @@ impl ModelFile {
         }
         if size < self.size {
             self.pages.split_off(&size.div_ceil(PAGE));
-            if size % PAGE != 0 {
+            if !size.is_multiple_of(PAGE) {
                 if let Some(p) = self.pages.get_mut(&(size / PAGE)) {
                     p[(size % PAGE) as usize..].fill(0);
                 }

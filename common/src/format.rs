@@ -199,7 +199,7 @@ impl Geometry {
     /// hostile image).
     pub fn validate(&self) -> Result<(), GeometryError> {
         use GeometryError::Inconsistent as Bad;
-        if self.size % PAGE_SIZE != 0 {
+        if !self.size.is_multiple_of(PAGE_SIZE) {
             return Err(Bad("size is not a whole number of pages"));
         }
         if self.size < MIN_IMAGE_SIZE {

@@ -151,7 +151,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             m.workload, m.backend, m.threads, m.ops, m.seconds
         );
         // The file holds every measurement so far, so a run cut short
-        // keeps them; one that cannot be written is reported at the end.
+        // keeps them. A failed rewrite is not fatal: the last write, of
+        // the whole report, reports its own failure.
         if let Some(file) = json.as_mut() {
             so_far.push(m.clone());
             let _ = file.write(&Report::new(machine.clone(), &so_far, baseline));

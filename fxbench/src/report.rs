@@ -2,7 +2,7 @@
 //! `{"machine": {...}, "results": [{...}, ...]}`.
 
 use std::fs::File;
-use std::io::{Seek as _, SeekFrom, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use std::collections::BTreeMap;
@@ -233,41 +233,41 @@ pub(crate) fn median(sorted: &[f64]) -> Option<f64> {
 #[derive(Debug)]
 pub struct ResultsFile {
     path: PathBuf,
-    file: File,
 }
 
 impl ResultsFile {
-    /// Creates (or truncates) the file at `path`.
+    /// Creates (or truncates) the file at `path`: a path that cannot be
+    /// written is refused before anything is measured.
     pub fn create(path: &Path) -> Result<Self> {
-        let file = File::create(path).map_err(|source| Error::Results {
+        File::create(path).map_err(|source| Error::Results {
             path: path.to_owned(),
             source,
         })?;
         Ok(ResultsFile {
             path: path.to_owned(),
-            file,
         })
     }
 
     /// Writes `report` (a [`Report`], or any other record) as
     /// pretty-printed JSON, in place of what an earlier call wrote: a run
     /// rewrites its file after every measurement, so one cut short keeps
-    /// what it measured.
+    /// what it measured. The new text goes to a file beside it, renamed
+    /// over it once whole, so the file is never found half-written.
     pub fn write(&mut self, report: &impl Serialize) -> Result<()> {
-        let mut json = serde_json::to_string_pretty(report).map_err(|e| Error::Results {
+        let err = |source| Error::Results {
             path: self.path.clone(),
-            source: e.into(),
-        })?;
+            source,
+        };
+        let mut json =
+            serde_json::to_string_pretty(report).map_err(|e| err(std::io::Error::from(e)))?;
         json.push('\n');
-        let file = &mut self.file;
-        file.set_len(0)
-            .and_then(|()| file.seek(SeekFrom::Start(0)))
-            .and_then(|_| file.write_all(json.as_bytes()))
-            .and_then(|()| file.flush())
-            .map_err(|source| Error::Results {
-                path: self.path.clone(),
-                source,
-            })
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(".partial");
+        let partial = PathBuf::from(name);
+        File::create(&partial)
+            .and_then(|mut f| f.write_all(json.as_bytes()).and_then(|()| f.sync_data()))
+            .and_then(|()| std::fs::rename(&partial, &self.path))
+            .map_err(err)
     }
 }
 

@@ -90,7 +90,7 @@ impl Params {
     /// Refuses sizes the workloads cannot use.
     pub fn check(&self) -> Result<(), Error> {
         let block = BLOCK as u64;
-        if self.file_size < block || self.file_size % block != 0 {
+        if self.file_size < block || !self.file_size.is_multiple_of(block) {
             return Err(Error::BadParameter(format!(
                 "--file-size must be a positive multiple of {BLOCK} bytes, not {}",
                 self.file_size

@@ -335,7 +335,7 @@ impl Attrs<'_> {
     #[inline]
     pub fn put(&self, off: u64, v: u64) -> Result<(), Errno> {
         let i = off.wrapping_sub(self.inode);
-        if i % 8 != 0 {
+        if !i.is_multiple_of(8) {
             return self.arena.put(off, v);
         }
         let w = self.words.get((i / 8) as usize).ok_or(Errno::EFAULT)?;
@@ -343,8 +343,11 @@ impl Attrs<'_> {
         Ok(())
     }
 
-    /// Stores a 4-byte word, as [`Arena::put32`].
+    /// Stores a 4-byte word inside the inode, as [`Arena::put32`].
     pub fn put32(&self, off: u64, v: u32) -> Result<(), Errno> {
+        if off.wrapping_sub(self.inode) > INODE_SIZE - 4 {
+            return Err(Errno::EFAULT);
+        }
         self.arena.put32(off, v)
     }
 
@@ -488,5 +491,7 @@ mod tests {
         // A word past the inode is not this change's to store.
         assert_eq!(attrs.put(inode + INODE_SIZE, 1), Err(Errno::EFAULT));
         assert_eq!(attrs.put(inode.wrapping_sub(8), 1), Err(Errno::EFAULT));
+        assert_eq!(attrs.put32(inode + INODE_SIZE - 2, 1), Err(Errno::EFAULT));
+        assert_eq!(attrs.put32(inode.wrapping_sub(4), 1), Err(Errno::EFAULT));
     }
 }

@@ -139,10 +139,15 @@ impl Log {
     }
 
     /// Makes the entries appended so far durable: waits for their
-    /// non-temporal stores to drain, unless none is pending. Kfs applies a
-    /// change to the index while its entry drains, and fences before it
-    /// replies: the index is volatile, so what it shows early is lost with
-    /// it in a crash, and no acknowledged change goes without its entry.
+    /// non-temporal stores to drain, unless none is pending. It must run
+    /// on the thread that appended them (a fence waits for its own
+    /// thread's stores only). Kfs applies a change to the index while its
+    /// entry drains, and fences before it replies and before the volume's
+    /// lock passes on: a reader may see a change a moment before its entry
+    /// is durable (as a page cache shows a write before writing it back),
+    /// and a crash in that moment loses the change, which was never
+    /// acknowledged; no acknowledged change goes without its entry, and
+    /// no entry is logged behind one that has not drained.
     pub fn fence(&mut self, region: &Region) {
         if std::mem::take(&mut self.unfenced) {
             region.fence();

@@ -344,7 +344,7 @@ impl Direct {
             .served(req.kind(), || volume.handle_deferred(req, caller));
         let n = bump(&self.stats.direct, 1) + 1;
         let mut wake = volume.take_wake_kfs();
-        if n % DIRECT_HOUSEKEEPING == 0 {
+        if n.is_multiple_of(DIRECT_HOUSEKEEPING) {
             keep_house(volume, &self.stats);
             // A provisioning Kfs thread holds the lock, and is awake.
             wake |= self
@@ -614,7 +614,7 @@ impl Server {
             }
             // The clock is read every 64 empty polls, not every one.
             polls = polls.wrapping_add(1);
-            if polls % 64 != 0 {
+            if !polls.is_multiple_of(64) {
                 std::hint::spin_loop();
                 continue;
             }

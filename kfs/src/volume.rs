@@ -279,7 +279,8 @@ impl Volume {
         self.checkpoints
     }
 
-    /// Handles one request: check it, log it durably, apply it.
+    /// Handles one request: check it, log it, apply it, and make the log
+    /// entry durable before returning the reply.
     pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
         let r = match self.handle_data(req, caller) {
             Some(r) => r,
@@ -295,8 +296,9 @@ impl Volume {
         }
     }
 
-    /// Makes `rec` durable in the log, checkpointing first if it does not
-    /// fit. Index space for applying it is made to exist first: once a
+    /// Writes `rec` to the log (durable at the next [`Log::fence`], which
+    /// [`Volume::handle`] makes before it replies), checkpointing first if
+    /// it does not fit. Index space for applying it is made to exist first: once a
     /// change that allocates is logged, applying it cannot run out of
     /// index space half-way. Changes that allocate nothing (removals above
     /// all) need no room, so a full index can still be emptied.

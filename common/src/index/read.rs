@@ -167,7 +167,7 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// True if `off` is a live item with tag `tag` (and generation `gen`,
     /// if given).
     pub fn is_live(&self, off: u64, tag: u16, gen: Option<u32>) -> bool {
-        if off < HEADER_SIZE || off % 8 != 0 {
+        if off < HEADER_SIZE || !off.is_multiple_of(8) {
             return false;
         }
         let h = self.header(off);

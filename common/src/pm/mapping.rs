@@ -257,7 +257,7 @@ impl Mapping {
 
     #[inline]
     fn check_atomic(&self, offset: u64) -> Result<usize> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(Error::Misaligned { offset, align: 8 });
         }
         self.check(offset, 8)
@@ -296,7 +296,7 @@ impl Mapping {
     #[inline]
     pub(super) fn words64(&self, offset: u64, n: usize) -> Result<&[AtomicU64]> {
         self.writable_or_err(offset)?;
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(Error::Misaligned { offset, align: 8 });
         }
         let len = n.checked_mul(8).ok_or(Error::OutOfBounds {
@@ -307,14 +307,15 @@ impl Mapping {
         let start = self.check(offset, len)?;
         // SAFETY: in bounds and 8-byte aligned (checked; the mapping is
         // page-aligned); the slice lives no longer than `&self`, which keeps
-        // the mapping alive; every access to such words is atomic.
+        // the mapping alive; every access to these bytes is atomic (some as
+        // 4-byte halves, from the one writer, as `word32` gives them).
         Ok(unsafe { std::slice::from_raw_parts(self.at(start) as *const AtomicU64, n) })
     }
 
     /// The atomic 4-byte word at a checked, aligned `offset`.
     #[inline]
     fn word32(&self, offset: u64) -> Result<&AtomicU32> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(Error::Misaligned { offset, align: 4 });
         }
         let start = self.check(offset, 4)?;
@@ -785,7 +786,7 @@ impl Media<'_> {
 
     /// Atomic 8-byte store at an 8-aligned `offset`.
     pub fn store_u64(&self, offset: usize, value: u64, order: Ordering) -> Result<()> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(Error::Misaligned {
                 offset: offset as u64,
                 align: 8,

@@ -5,8 +5,9 @@
 //! A client thread writes into pages of its own pool and persists them;
 //! its commit names them. Kfs checks that the client holds the file's
 //! write lease and that every page is an unused page of that thread's
-//! pool, logs the commit durably, publishes the new block-map entries, and
-//! puts the replaced pages to wait for their grace period.
+//! pool, logs the commit, publishes the new block-map entries, puts the
+//! replaced pages to wait for their grace period, and fences the log
+//! entry before it replies.
 
 use kucofs_common::index::blockmap::{entry_page, MapReader, MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
 use kucofs_common::index::layout::I_SIZE;
@@ -545,7 +546,7 @@ impl Volume {
         // in their epoch move on (readers take no lock, so waiting here
         // holds none of them up).
         let mut tries = 0;
-        let ((start, n), lowest) = loop {
+        let ((start, n), lowest_ready) = loop {
             // The lowest free pages when they are writable here already
             // (always under `off`, which never flips them back); else,
             // since each run costs a protection change, the lowest long
@@ -574,14 +575,17 @@ impl Volume {
                 }
             }
         };
-        // Lowest pages are taken where free pages are scattered (each
-        // random overwrite frees one somewhere): up to GRANT_RUNS runs
-        // more, so that a pool holds more than the page or two of one.
+        // Where free pages lie scattered (each random overwrite frees one
+        // somewhere), up to GRANT_RUNS runs more, so that a pool holds
+        // more than the page or two of one: under `off` and `keys`, whose
+        // pages are writable already, not where each run may cost a
+        // protection change.
         let mut runs = [(0, 0); 1 + GRANT_RUNS];
         runs[0] = (start, n);
         let mut count = 1;
         let mut total = n;
-        while lowest && count < runs.len() && total < want {
+        let more = lowest_ready && matches!(protection, Protection::Off | Protection::Keys);
+        while more && count < runs.len() && total < want {
             let share = (self.pages.free_pages() / POOL_SHARE).max(1);
             if total >= share {
                 break;
@@ -871,8 +875,11 @@ impl Volume {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(req, caller)));
         // Even after a panic: the next call must not leave its changes to
         // a caller that is gone (those queued are made by the next call
-        // that makes its own).
+        // that makes its own); and an entry this thread logged must drain
+        // on this thread, whose fence alone waits for its stores, before
+        // the volume's lock passes to another.
         self.data.defer = false;
+        self.log.fence(self.image.region());
         reply.unwrap_or_else(|p| std::panic::resume_unwind(p))
     }
 
@@ -915,8 +922,11 @@ impl Volume {
             return reply;
         }
         // The caller's thread, which alone takes from that pool, is the
-        // one asking: nothing took from the grant since.
-        self.undo_grant(caller, reply.inode, reply.value);
+        // one asking: nothing took from the grant since. Every run of it
+        // goes back: the caller, told EIO, learns of none.
+        for (start, n) in reply.granted() {
+            self.undo_grant(caller, start, n);
+        }
         Reply::err(Errno::EIO)
     }
 
