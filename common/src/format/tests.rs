@@ -23,8 +23,9 @@ proptest! {
         prop_assert_eq!(g.validate(), Ok(()));
         prop_assert!(g.size <= size && size - g.size < PAGE_SIZE);
         prop_assert!(g.bitmap.pages * BITS_PER_BITMAP_PAGE >= g.data.pages);
-        // The bitmap is no bigger than it must be.
-        prop_assert!((g.bitmap.pages - 1) * BITS_PER_BITMAP_PAGE < g.data.pages);
+        // The bitmap is no bigger than it must be: one page fewer could not
+        // cover the data pages that page would then leave to the data.
+        prop_assert!((g.bitmap.pages - 1) * BITS_PER_BITMAP_PAGE < g.data.pages + 1);
         prop_assert!((LOG_PAGES_MIN..=LOG_PAGES_MAX).contains(&g.log.pages));
     }
 
@@ -212,4 +213,17 @@ fn an_entry_of_up_to_48_payload_bytes_is_one_line_and_a_payload_of_64_kib_is_ref
         LogEntryHeader::new(1, 1, &vec![0u8; LOG_PAYLOAD_MAX + 1]),
         None
     );
+}
+
+/// Where the pages left after the log and checkpoints are one more than a
+/// multiple of a bitmap page plus the data pages it covers, one page can
+/// go neither to the data (it would need a bitmap page more) nor nowhere
+/// (the areas tile the image): the bitmap keeps it, covering nothing.
+#[test]
+fn a_rest_one_past_a_whole_number_of_bitmap_groups_leaves_the_bitmap_a_spare_page() {
+    let g = Geometry::for_size(3_994_288_054_272).unwrap();
+    assert_eq!(g.validate(), Ok(()));
+    let rest = g.bitmap.pages + g.data.pages;
+    assert_eq!(rest % (BITS_PER_BITMAP_PAGE + 1), 1);
+    assert_eq!((g.bitmap.pages - 1) * BITS_PER_BITMAP_PAGE, g.data.pages);
 }
