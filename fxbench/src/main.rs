@@ -136,8 +136,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let machine = Machine::describe();
     let baseline = plan.backends[0].name();
-    let mut so_far = Vec::new();
-    let results = plan.run(|m| {
+    let mut written = Ok(());
+    let results = plan.run(|so_far| {
+        let Some(m) = so_far.last() else { return };
         let bandwidth = m
             .mib_per_sec()
             .map_or_else(String::new, |b| format!(" ({b:.1} MiB/s)"));
@@ -151,19 +152,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             m.workload, m.backend, m.threads, m.ops, m.seconds
         );
         // The file holds every measurement so far, so a run cut short
-        // keeps them. A failed rewrite is not fatal: the last write, of
-        // the whole report, reports its own failure.
+        // keeps them; the last rewrite holds the whole report, and its
+        // failure is the run's.
         if let Some(file) = json.as_mut() {
-            so_far.push(m.clone());
-            let _ = file.write(&Report::new(machine.clone(), &so_far, baseline));
+            written = file.write(&Report::new(machine.clone(), so_far, baseline));
         }
     })?;
-    let report = Report::new(machine, &results, baseline);
-    print!("{}", report.table());
-    if let Some(file) = json.as_mut() {
-        file.write(&report)?;
-    }
-    Ok(())
+    print!("{}", Report::new(machine, &results, baseline).table());
+    Ok(written?)
 }
 
 fn list() {

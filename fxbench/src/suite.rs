@@ -94,10 +94,11 @@ impl Plan {
     }
 
     /// Runs the matrix, workload by workload, then thread count, then
-    /// round, then backend, calling `each` as every measurement completes.
-    /// The backends take their turns round after round, so that a change
-    /// in what else the machine is doing falls on all of them alike.
-    pub fn run(&self, mut each: impl FnMut(&Measurement)) -> Result<Vec<Measurement>> {
+    /// round, then backend, calling `each` with the measurements so far
+    /// (the newest last) as every one completes. The backends take their
+    /// turns round after round, so that a change in what else the machine
+    /// is doing falls on all of them alike.
+    pub fn run(&self, mut each: impl FnMut(&[Measurement])) -> Result<Vec<Measurement>> {
         self.check()?;
         let mut all = Vec::new();
         for &workload in &self.workloads {
@@ -107,8 +108,8 @@ impl Plan {
                         let mut m =
                             run_one(fs.as_ref(), workload, threads, self.budget, &self.params)?;
                         m.round = round;
-                        each(&m);
                         all.push(m);
+                        each(&all);
                     }
                 }
             }

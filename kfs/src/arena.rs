@@ -335,10 +335,11 @@ impl Attrs<'_> {
     #[inline]
     pub fn put(&self, off: u64, v: u64) -> Result<(), Errno> {
         let i = off.wrapping_sub(self.inode);
-        if !i.is_multiple_of(8) {
-            return self.arena.put(off, v);
-        }
-        let w = self.words.get((i / 8) as usize).ok_or(Errno::EFAULT)?;
+        let w = i
+            .is_multiple_of(8)
+            .then(|| self.words.get((i / 8) as usize))
+            .flatten()
+            .ok_or(Errno::EFAULT)?;
         w.store(v, Ordering::Release);
         Ok(())
     }
@@ -491,6 +492,7 @@ mod tests {
         // A word past the inode is not this change's to store.
         assert_eq!(attrs.put(inode + INODE_SIZE, 1), Err(Errno::EFAULT));
         assert_eq!(attrs.put(inode.wrapping_sub(8), 1), Err(Errno::EFAULT));
+        assert_eq!(attrs.put(inode + I_SIZE + 4, 1), Err(Errno::EFAULT));
         assert_eq!(attrs.put32(inode + INODE_SIZE - 2, 1), Err(Errno::EFAULT));
         assert_eq!(attrs.put32(inode.wrapping_sub(4), 1), Err(Errno::EFAULT));
     }

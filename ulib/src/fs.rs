@@ -15,7 +15,7 @@ use kucofs_common::format::{Geometry, CHECKPOINT_HEADER_SIZE};
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Kind, NAME_MAX};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
-use kucofs_common::proto::{Creds, Extents, Hint, Reply, Request, SetAttrs, GRANT_RUNS};
+use kucofs_common::proto::{Creds, Extents, Hint, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
 use kucofs_kfs::{Caller, Client, Direct, Kfs, ServerConfig, StatsSnapshot, Volume, Warmer};
 use parking_lot::Mutex;
@@ -244,13 +244,9 @@ impl Inner {
                 ) {
                     Ok(r) if r.value > 0 => {
                         // The first run on top: taken first.
-                        let mut runs = [(0, 0); 1 + GRANT_RUNS];
-                        let mut k = 0;
-                        for (slot, run) in runs.iter_mut().zip(r.granted()) {
-                            *slot = run;
-                            k += 1;
-                        }
-                        pool.extend(runs[..k].iter().rev().map(|&(s, n)| (s, s + n)));
+                        let below = pool.len();
+                        pool.extend(r.granted().map(|(s, n)| (s, s + n)));
+                        pool[below..].reverse();
                     }
                     // No page free: the pools of this process's other
                     // threads may hold some unused. Once per call, before

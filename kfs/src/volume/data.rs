@@ -546,7 +546,7 @@ impl Volume {
         // in their epoch move on (readers take no lock, so waiting here
         // holds none of them up).
         let mut tries = 0;
-        let ((start, n), lowest_ready) = loop {
+        let ((start, n), lowest_ready, cap) = loop {
             // The lowest free pages when they are writable here already
             // (always under `off`, which never flips them back); else,
             // since each run costs a protection change, the lowest long
@@ -563,8 +563,9 @@ impl Volume {
                 },
             };
             let share = (self.pages.free_pages() / POOL_SHARE).max(1);
-            match self.pages.grant(h, want.min(share), !lowest_ready) {
-                Ok(g) => break (g, lowest_ready),
+            let cap = want.min(share);
+            match self.pages.grant(h, cap, !lowest_ready) {
+                Ok(g) => break (g, lowest_ready, cap),
                 Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES => return Err(e),
                 Err(_) => {
                     if tries > 0 {
@@ -585,22 +586,13 @@ impl Volume {
         let mut count = 1;
         let mut total = n;
         let more = lowest_ready && matches!(protection, Protection::Off | Protection::Keys);
-        while more && count < runs.len() && total < want {
-            let share = (self.pages.free_pages() / POOL_SHARE).max(1);
-            if total >= share {
+        while more && count < runs.len() && total < cap {
+            let Ok(g) = self.pages.grant(h, cap - total, false) else {
                 break;
-            }
-            match self
-                .pages
-                .grant(h, (want - total).min(share - total), false)
-            {
-                Ok(g) => {
-                    runs[count] = g;
-                    count += 1;
-                    total += g.1;
-                }
-                Err(_) => break,
-            }
+            };
+            runs[count] = g;
+            count += 1;
+            total += g.1;
         }
         let runs = &runs[..count];
         let changes = &mut self.data.changes;

@@ -171,43 +171,71 @@ fn checkpoints_taken_as_the_log_fills_lose_nothing() {
     assert_eq!(expected.len(), 1 + 4000);
 }
 
-#[test]
-fn every_crash_image_of_a_create_recovers_to_before_or_after() {
-    let dir = shm_dir();
-    let path = dir.path().join("img");
-    crate::mkfs(&path, 1 << 20, false).unwrap();
+/// Runs `act` on a volume opened on `path` with a recorder, and checks the
+/// crash images of it: the durable image at its reply recovers to the state
+/// after it (`what` names the change lost otherwise), and every image a
+/// crash could leave at one of its fences to the state before or after.
+/// `state` reads the state of a volume, live or recovered; `prepare` runs
+/// before the recording starts. Returns what `prepare` returned, and the
+/// state after.
+fn check_crash_images<T: PartialEq + std::fmt::Debug, P>(
+    path: &std::path::Path,
+    what: &str,
+    prepare: impl FnOnce(&mut Volume) -> P,
+    act: impl FnOnce(&mut Volume, &P),
+    state: impl Fn(&Volume, &P) -> T,
+) -> (P, T) {
     let rec = Arc::new(Recorder::new());
-    let mut v = Volume::open_with(&path, rec.clone()).unwrap();
-    create(&mut v, "keep", false);
-    let before = tree(v.namespace());
+    let mut v = Volume::open_with(path, rec.clone()).unwrap();
+    let p = prepare(&mut v);
+    let before = state(&v, &p);
     let images = Arc::new(Mutex::new(Vec::new()));
     let sink = images.clone();
     rec.on_fence(move |cp| {
         sink.lock()
             .extend(cp.images(1 << 12).expect("few stores in flight"))
     });
-    let reply = create(&mut v, "new", true);
-    assert_eq!(reply.errno, 0);
-    let after = tree(v.namespace());
+    act(&mut v, &p);
+    let after = state(&v, &p);
     // After the reply, the durable image alone must hold the change.
     let durable = rec.durable_image();
     let images = std::mem::take(&mut *images.lock());
     drop(v);
     assert!(!images.is_empty());
-    let check = |image: &[u8]| {
-        let img_path = dir.path().join("crash");
+    let recovered = |image: &[u8]| {
+        let img_path = path.with_extension("crash");
         std::fs::write(&img_path, image).unwrap();
-        let v = Volume::open(&img_path).unwrap();
-        tree(v.namespace())
+        state(&Volume::open(&img_path).unwrap(), &p)
     };
-    assert_eq!(check(&durable), after, "an acknowledged create was lost");
+    assert_eq!(
+        recovered(&durable),
+        after,
+        "an acknowledged {what} was lost"
+    );
     for image in &images {
-        let t = check(image);
+        let t = recovered(image);
         assert!(
             t == before || t == after,
             "a crash image recovered to neither state: {t:?}"
         );
     }
+    (p, after)
+}
+
+#[test]
+fn every_crash_image_of_a_create_recovers_to_before_or_after() {
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 1 << 20, false).unwrap();
+    check_crash_images(
+        &path,
+        "create",
+        |v| {
+            create(v, "keep", false);
+        },
+        |v, _| assert_eq!(create(v, "new", true).errno, 0),
+        |v, _| tree(v.namespace()),
+    );
 }
 
 /// A commit's log entry is written before the index takes the change and
@@ -219,54 +247,25 @@ fn a_commit_is_durable_at_its_reply_and_whole_in_every_crash_image() {
     let dir = shm_dir();
     let path = dir.path().join("img");
     crate::mkfs(&path, 16 << 20, false).unwrap();
-    let rec = Arc::new(Recorder::new());
-    let mut v = Volume::open_with(&path, rec.clone()).unwrap();
-    let (f, g) = a_file_and_a_grant(&mut v, 2);
-    let pages = |v: &Volume| {
-        let mut out = Vec::new();
-        v.ns.file_pages(f.inode, |p, d| out.push((p, d)));
-        (
-            v.ns.shm_u64(f.inode + kucofs_common::index::layout::I_SIZE),
-            out,
-        )
-    };
-    let before = pages(&v);
-    let images = Arc::new(Mutex::new(Vec::new()));
-    let sink = images.clone();
-    rec.on_fence(move |cp| {
-        sink.lock()
-            .extend(cp.images(1 << 12).expect("few stores in flight"))
-    });
-    assert_eq!(
-        v.handle(&commit(f.ino, 1, 2 * 4096, g.inode, 1), ME).errno,
-        0
+    let ((_, g), after) = check_crash_images(
+        &path,
+        "write",
+        |v| a_file_and_a_grant(v, 2),
+        |v, (f, g)| {
+            assert_eq!(
+                v.handle(&commit(f.ino, 1, 2 * 4096, g.inode, 1), ME).errno,
+                0
+            )
+        },
+        |v, (f, _)| {
+            let inode = v.ns.file_inode(f.ino).unwrap();
+            let mut pages = Vec::new();
+            v.ns.file_pages(inode, |p, d| pages.push((p, d)));
+            let size = v.ns.shm_u64(inode + kucofs_common::index::layout::I_SIZE);
+            (size, pages)
+        },
     );
-    let after = pages(&v);
     assert_eq!(after, (2 * 4096, vec![(1, g.inode)]));
-    let durable = rec.durable_image();
-    let images = std::mem::take(&mut *images.lock());
-    drop(v);
-    assert!(!images.is_empty());
-    let check = |image: &[u8]| {
-        let img_path = dir.path().join("crash");
-        std::fs::write(&img_path, image).unwrap();
-        let v = Volume::open(&img_path).unwrap();
-        let inode = v.ns.file_inode(f.ino).unwrap();
-        let mut out = Vec::new();
-        v.ns.file_pages(inode, |p, d| out.push((p, d)));
-        (
-            v.ns.shm_u64(inode + kucofs_common::index::layout::I_SIZE),
-            out,
-        )
-    };
-    assert_eq!(check(&durable), after, "an acknowledged write was lost");
-    for image in &images {
-        let t = check(image);
-        assert!(
-            t == before || t == after,
-            "a crash image recovered to neither state: {t:?}"
-        );
-    }
 }
 
 /// Clients 0 (`ME`) and 1, without views; client 0 has file "f" open for
