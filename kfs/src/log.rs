@@ -110,9 +110,10 @@ impl Log {
         Ok(self.pos + self.buf.len() as u64 <= self.area.len())
     }
 
-    /// Appends the entry [`prepare`](Self::prepare) encoded. It is durable
-    /// after the next [`fence`](Self::fence), which the caller makes
-    /// before it replies. `ENOSPC` if it does not fit.
+    /// Appends the entry [`prepare`](Self::prepare) encoded, after
+    /// everything this thread stored before it. It is durable after the
+    /// next [`fence`](Self::fence), which the caller makes before it
+    /// replies. `ENOSPC` if it does not fit.
     pub fn append_prepared(&mut self, region: &Region) -> Result<(), Errno> {
         let len = self.buf.len() as u64;
         if len == 0 || self.pos + len > self.area.len() {
@@ -126,6 +127,13 @@ impl Log {
             self.prefaulted = to;
         }
         let at = self.area.offset() + self.pos;
+        // What this thread stored before the entry drains first: a client
+        // thread applying its own commit copies the commit's pages with
+        // non-temporal stores just before (and unfenced, so that the
+        // commit's checks and this entry's encoding ran while they
+        // drained), and the entry must not reach the media ahead of them.
+        // With nothing in flight the fence costs a few cycles.
+        region.fence();
         // Entries start on cache lines and are padded to whole lines, so
         // the non-temporal copy needs no flush; the fence makes it durable.
         region.write_nt(at, &self.buf).map_err(|_| Errno::EIO)?;

@@ -337,7 +337,49 @@ impl Direct {
     /// [`Changes`](crate::volume::Changes)): another thread's commit need
     /// not wait for them.
     pub fn try_apply(&self, req: &Request<'_>, caller: Caller) -> Option<Reply> {
-        let mut guard = lock_spinning(&self.volume);
+        self.apply_locked(lock_spinning(&self.volume), req, caller)
+    }
+
+    /// Runs `fill` on the calling thread, then applies `req` as
+    /// [`Direct::try_apply`] does; `Ok(None)` if Kfs has stopped (`fill`
+    /// has run), `Err` if `fill` failed (`req` is not applied). For a
+    /// commit whose pages `fill` copies with non-temporal stores: if
+    /// nobody holds the volume's lock, `fill` runs under it, so that the
+    /// commit's checks and the encoding of its log entry run while those
+    /// stores drain (the commit fences them before it stores the entry,
+    /// see [`Log::append_prepared`](crate::log::Log::append_prepared)),
+    /// where taking the lock after them would wait for the drain first (a
+    /// locked instruction orders every earlier store). If the lock is
+    /// held, `fill` runs before waiting for it, so that nobody waits for
+    /// the copy. Callers keep `fill` short (a few pages): other threads
+    /// may wait for it.
+    pub fn try_apply_after<E>(
+        &self,
+        req: &Request<'_>,
+        caller: Caller,
+        fill: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<Option<Reply>, E> {
+        let guard = match self.volume.try_lock() {
+            Some(g) => {
+                fill()?;
+                g
+            }
+            None => {
+                fill()?;
+                lock_spinning(&self.volume)
+            }
+        };
+        Ok(self.apply_locked(guard, req, caller))
+    }
+
+    /// [`Direct::try_apply`] under the volume's lock, `guard`, which it
+    /// releases.
+    fn apply_locked(
+        &self,
+        mut guard: parking_lot::MutexGuard<'_, Option<Volume>>,
+        req: &Request<'_>,
+        caller: Caller,
+    ) -> Option<Reply> {
         let volume = guard.as_mut()?;
         let mut reply = self
             .stats
@@ -765,5 +807,84 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(*m.lock(), 23);
+    }
+
+    /// A running Kfs on a fresh image, one client attached, and a handle
+    /// for applying that client's requests directly (the directory holds
+    /// the image).
+    fn direct_client() -> (tempfile::TempDir, Kfs, Direct, Caller) {
+        let dir = tempfile::Builder::new()
+            .prefix("kucofs-server-")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        let image = dir.path().join("img");
+        crate::mkfs(&image, 16 << 20, false).unwrap();
+        let bell = Doorbell::create().unwrap();
+        let kfs = Kfs::start(
+            Volume::open(&image).unwrap(),
+            &bell,
+            ServerConfig::default(),
+        )
+        .unwrap();
+        let client = kfs
+            .attach(Client {
+                segment: Segment::create().unwrap(),
+                creds: Creds::default(),
+                protector: None,
+                protection: Protection::Off,
+            })
+            .unwrap();
+        let direct = kfs.direct();
+        let caller = Caller {
+            client,
+            slot: 0,
+            creds: Creds::default(),
+        };
+        (dir, kfs, direct, caller)
+    }
+
+    fn create(name: &[u8]) -> Request<'_> {
+        Request::Create {
+            path: name,
+            mode: libc::S_IFREG | 0o644,
+            target: b"",
+            hint: None,
+        }
+    }
+
+    /// What runs before a request applied directly runs before the
+    /// volume's lock is waited for when another thread holds it (nobody
+    /// waits for it), and a failure of it leaves the request unapplied and
+    /// the lock free.
+    #[test]
+    fn a_direct_fill_never_waits_for_the_lock_and_its_failure_applies_nothing() {
+        let (_dir, _kfs, direct, caller) = direct_client();
+        let held = direct.volume.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = direct.clone();
+        let applier = std::thread::spawn(move || {
+            other
+                .try_apply_after(&create(b"a"), caller, || tx.send(()).map_err(|_| ()))
+                .unwrap()
+                .unwrap()
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the fill ran while another thread held the lock");
+        drop(held);
+        assert_eq!(applier.join().unwrap().errno, 0);
+
+        let failed = direct.try_apply_after(&create(b"b"), caller, || Err("copy failed"));
+        assert_eq!(failed.unwrap_err(), "copy failed");
+        assert!(!direct.volume.is_locked());
+        let mut ran = false;
+        let again = direct.try_apply_after(&create(b"b"), caller, || {
+            ran = true;
+            Ok::<(), ()>(())
+        });
+        assert!(ran);
+        // "b" was not made by the failed call: this create makes it.
+        assert_eq!(again.unwrap().unwrap().errno, 0);
+        let exists = direct.try_apply(&create(b"b"), caller).unwrap();
+        assert_eq!(exists.errno, libc::EEXIST);
     }
 }

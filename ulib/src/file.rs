@@ -419,20 +419,19 @@ impl File {
             self.last_line.store(line, Ordering::Relaxed);
             w.map(self.inode, first)
         });
-        self.fill_pages(extents, first, at, data)?;
-        if let (Some(w), Some(e)) = (warmer, warm) {
-            w.replaced(e);
-        }
-        fs.region.fence();
-        fs.call_as(
-            slot,
-            &Request::Commit {
-                ino: self.ino,
-                first,
-                size: end,
-                extents: *extents,
-            },
-        )?;
+        let commit = Request::Commit {
+            ino: self.ino,
+            first,
+            size: end,
+            extents: *extents,
+        };
+        fs.commit_after(slot, &commit, extents.pages(), || {
+            self.fill_pages(extents, first, at, data)?;
+            if let (Some(w), Some(e)) = (warmer, warm) {
+                w.replaced(e);
+            }
+            Ok(())
+        })?;
         Ok(())
     }
 

@@ -90,6 +90,12 @@ fn kfs_err(e: kucofs_kfs::Error) -> io::Error {
 
 static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The most pages a commit applied directly copies under the volume's
+/// lock when it is free (see [`Inner::commit_after`]): the lock is held
+/// the while, so only short copies. A 4 KiB write's copy takes a few
+/// hundred nanoseconds to drain.
+const FILL_LOCKED_PAGES: u64 = 4;
+
 /// What every handle on one open file system shares.
 #[derive(Debug)]
 pub(crate) struct Inner {
@@ -182,13 +188,17 @@ impl Inner {
     /// Applies `req` on this thread (see [`Config::direct`]); `None` if
     /// direct application is off or Kfs has stopped.
     fn try_direct(&self, slot: usize, req: &Request<'_>) -> Option<io::Result<Reply>> {
-        let caller = Caller {
+        let reply = self.direct.as_ref()?.try_apply(req, self.caller(slot))?;
+        Some(reply.result().map_err(err))
+    }
+
+    /// Who `slot`'s requests come from, as Kfs knows it.
+    fn caller(&self, slot: usize) -> Caller {
+        Caller {
             client: self.client,
             slot: slot as u32,
             creds: self.creds,
-        };
-        let reply = self.direct.as_ref()?.try_apply(req, caller)?;
-        Some(reply.result().map_err(err))
+        }
     }
 
     /// Hands `req` to the Kfs thread through `slot` and waits for the
@@ -216,6 +226,36 @@ impl Inner {
         match self.try_direct(slot, req) {
             Some(r) => r,
             None => self.queue(slot, req),
+        }
+    }
+
+    /// Runs `fill`, which copies the pages of the commit `req` into
+    /// `slot`'s pool with non-temporal stores, and sends `req` from `slot`
+    /// once they are durable. Applied directly, a commit of at most
+    /// [`FILL_LOCKED_PAGES`] pages leaves the copy unfenced for Kfs's code
+    /// to fence (see [`Direct::try_apply_after`]): its checks then run
+    /// while the copy drains. Otherwise the copy is fenced here first.
+    pub(crate) fn commit_after(
+        &self,
+        slot: usize,
+        req: &Request<'_>,
+        pages: u64,
+        fill: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<Reply> {
+        match &self.direct {
+            Some(d) if pages <= FILL_LOCKED_PAGES => {
+                if let Some(reply) = d.try_apply_after(req, self.caller(slot), fill)? {
+                    return reply.result().map_err(err);
+                }
+                // Kfs has stopped: the copy ran, the request will fail.
+                self.region.fence();
+                self.queue(slot, req)
+            }
+            _ => {
+                fill()?;
+                self.region.fence();
+                self.call_as(slot, req)
+            }
         }
     }
 

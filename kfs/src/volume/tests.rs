@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 
+use kucofs_common::index::blockmap::PAGE;
 use kucofs_common::index::Kind;
 use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
@@ -266,6 +267,40 @@ fn a_commit_is_durable_at_its_reply_and_whole_in_every_crash_image() {
         },
     );
     assert_eq!(after, (2 * 4096, vec![(1, g.inode)]));
+}
+
+/// A client thread applying its own commit copies the commit's data just
+/// before, with non-temporal stores it does not fence (the commit's checks
+/// run while they drain): the commit fences them before its log entry, so
+/// no crash image holds the entry without the data it names.
+#[test]
+fn a_commit_fences_the_data_stored_before_it_ahead_of_its_entry() {
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    crate::mkfs(&path, 16 << 20, false).unwrap();
+    let data = [0x5a_u8; 64];
+    let (_, after) = check_crash_images(
+        &path,
+        "write",
+        |v| a_file_and_a_grant(v, 1),
+        |v, (f, g)| {
+            let region = v.image.region();
+            region.write_nt(g.inode * PAGE, &data).unwrap();
+            assert_eq!(v.handle(&commit(f.ino, 0, 64, g.inode, 1), ME).errno, 0)
+        },
+        |v, (f, _)| {
+            let inode = v.ns.file_inode(f.ino).unwrap();
+            let mut pages = Vec::new();
+            v.ns.file_pages(inode, |p, d| pages.push((p, d)));
+            let held = pages.first().map(|&(_, d)| {
+                let mut b = [0u8; 64];
+                v.image.region().read(d * PAGE, &mut b).unwrap();
+                b.to_vec()
+            });
+            (pages.len(), held)
+        },
+    );
+    assert_eq!(after, (1, Some(data.to_vec())));
 }
 
 /// Clients 0 (`ME`) and 1, without views; client 0 has file "f" open for
