@@ -13,7 +13,6 @@
 //! reader always finds the target name.
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::index::layout::*;
@@ -90,6 +89,8 @@ pub struct Namespace {
     /// Open counts of files some client has open: an unlinked file stays
     /// until its last close.
     open: crate::intmap::IntMap<u64, u32>,
+    /// The latest time [`Namespace::stamp`] handed out.
+    last_stamp: i64,
 }
 
 /// Nanoseconds since the Unix epoch.
@@ -99,39 +100,9 @@ pub fn now_ns() -> i64 {
         .map_or(0, |d| d.as_nanos() as i64)
 }
 
-/// The latest time [`stamp_ns`] handed out.
-static LAST_STAMP: AtomicI64 = AtomicI64::new(0);
-
 /// How far a stamp may run ahead of the coarse clock (and so of the
 /// precise one) to stay above the stamp before it.
 pub const STAMP_LEAD: i64 = 1_000_000;
-
-/// The time a change stamps on what it changes (modification, change and
-/// creation times, log records): the clock as of the last timer tick, as
-/// the kernel stamps files, which costs a few nanoseconds where a precise
-/// reading costs tens on every write. Above every earlier stamp, so that
-/// every change moves a file's times forward: a stamp runs ahead of the
-/// tick by 1 ns per change made within it (changes take longer than
-/// that, so a stamp does not pass the precise clock), and never by more
-/// than [`STAMP_LEAD`]. If the clock is set back further than that,
-/// stamps go back with it, as the kernel's do. Batch deadlines and other
-/// timing use [`now_ns`].
-pub fn stamp_ns() -> i64 {
-    // The read-modify-write alone keeps stamps increasing across threads.
-    // The clock is read inside the update, after the last stamp is
-    // loaded: a tick read before it may be older than the one the last
-    // stamp was made from (this thread was preempted between the two),
-    // and would look like a clock set back by more than `STAMP_LEAD`,
-    // taking the stamp back with it. Acquire: the clock read stays after
-    // that load (it pairs with the compare-and-swap that stored the last
-    // stamp, which followed its own clock read).
-    let mut stamp = 0;
-    let _ = LAST_STAMP.fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
-        stamp = next_stamp(last, coarse_ns());
-        Some(stamp)
-    });
-    stamp
-}
 
 /// The coarse realtime clock (as of the last timer tick), in nanoseconds.
 fn coarse_ns() -> i64 {
@@ -161,6 +132,29 @@ fn next_stamp(last: i64, tick: i64) -> i64 {
 }
 
 impl Namespace {
+    /// The time a change stamps on what it changes (modification, change
+    /// and creation times, log records): the clock as of the last timer
+    /// tick, as the kernel stamps files, which costs a few nanoseconds
+    /// where a precise reading costs tens on every write. Above every
+    /// earlier stamp of this namespace, so that every change moves a
+    /// file's times forward: a stamp runs ahead of the tick by 1 ns per
+    /// change made within it (changes take longer than that, so a stamp
+    /// does not pass the precise clock), and never by more than
+    /// [`STAMP_LEAD`]. If the clock is set back further than that, stamps
+    /// go back with it, as the kernel's do. Batch deadlines and other
+    /// timing use [`now_ns`].
+    ///
+    /// A plain field, not an atomic: changes to one namespace are made one
+    /// at a time, under its volume's lock. That matters to a commit
+    /// applied by the thread that just copied its data: a locked
+    /// read-modify-write would wait for that copy's non-temporal stores to
+    /// drain before the commit's checks, which run meanwhile (see
+    /// [`Log::append_prepared`](crate::log::Log::append_prepared)).
+    pub fn stamp(&mut self) -> i64 {
+        self.last_stamp = next_stamp(self.last_stamp, coarse_ns());
+        self.last_stamp
+    }
+
     /// An empty namespace: a root directory owned by `root`.
     pub fn new(root: Creds, time: i64) -> Result<Namespace, Errno> {
         let mut arena = Arena::new()?;
@@ -176,6 +170,7 @@ impl Namespace {
             replaced: Vec::new(),
             scratch: Vec::new(),
             open: crate::intmap::IntMap::default(),
+            last_stamp: 0,
         };
         let root_inode = ns.new_inode(
             ROOT_INO,
@@ -475,7 +470,7 @@ impl Namespace {
 
     /// Checks a request and works out the change it makes.
     pub fn prepare<'a>(&mut self, req: &Request<'a>, creds: Creds) -> Result<Outcome<'a>, Errno> {
-        let time = stamp_ns();
+        let time = self.stamp();
         match *req {
             Request::Create {
                 path,

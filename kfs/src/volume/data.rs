@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::{Caller, Volume};
 use crate::intmap::IntMap;
-use crate::namespace::{now_ns, stamp_ns, STAMP_LEAD};
+use crate::namespace::{now_ns, STAMP_LEAD};
 use crate::pages::{Holder, StateAddr};
 use crate::record::Record;
 
@@ -302,7 +302,7 @@ struct Pending {
     runs: Vec<(u64, u64)>,
     pages: u64,
     /// When the first of them was committed, at the latest: the commit's
-    /// own [`stamp_ns`] less [`STAMP_LEAD`], so that batching costs no
+    /// own [`Namespace::stamp`](crate::namespace::Namespace::stamp) less [`STAMP_LEAD`], so that batching costs no
     /// clock read of its own. That is never later than [`now_ns`] at the
     /// commit, so Kfs's expiry check, which reads the precise clock,
     /// flips the batch no later than [`BATCH_TIME`] after its first
@@ -713,7 +713,7 @@ impl Volume {
                     return Err(e);
                 }
             }
-            let time = stamp_ns();
+            let time = self.ns.stamp();
             let rec = Record::Write {
                 ino,
                 first,
@@ -757,7 +757,7 @@ impl Volume {
         if size > old_size {
             self.zero_tail(inode, old_size, 0..0)?;
         }
-        let time = stamp_ns();
+        let time = self.ns.stamp();
         self.log_record(&Record::Truncate { ino, size, time })?;
         self.ns.truncate_file(inode, size, time)?;
         self.retire_replaced();
