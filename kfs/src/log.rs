@@ -110,10 +110,12 @@ impl Log {
         Ok(self.pos + self.buf.len() as u64 <= self.area.len())
     }
 
-    /// Appends the entry [`prepare`](Self::prepare) encoded, after
-    /// everything this thread stored before it. It is durable after the
-    /// next [`fence`](Self::fence), which the caller makes before it
-    /// replies. `ENOSPC` if it does not fit.
+    /// Appends the entry [`prepare`](Self::prepare) encoded, after a fence:
+    /// the non-temporal stores and flushed lines of this thread before it
+    /// (a commit's data pages) are durable before any of the entry's
+    /// stores is made. It is durable after the next [`fence`](Self::fence),
+    /// which the caller makes before it replies. `ENOSPC` if it does not
+    /// fit.
     pub fn append_prepared(&mut self, region: &Region) -> Result<(), Errno> {
         let len = self.buf.len() as u64;
         if len == 0 || self.pos + len > self.area.len() {

@@ -13,6 +13,7 @@
 //! reader always finds the target name.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::index::layout::*;
@@ -93,6 +94,20 @@ pub struct Namespace {
     last_stamp: i64,
 }
 
+/// The latest stamp of any namespace this process has dropped: a file
+/// system closed and opened again within one tick of the coarse clock
+/// goes on stamping above what it stamped before.
+static DROPPED_STAMP: AtomicI64 = AtomicI64::new(0);
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        // Relaxed: a seed for the next namespace's stamps; the opener
+        // of a file system closed by another thread is ordered after it by
+        // whatever handed the image over (the image's lock, a join).
+        DROPPED_STAMP.fetch_max(self.last_stamp, Ordering::Relaxed);
+    }
+}
+
 /// Nanoseconds since the Unix epoch.
 pub fn now_ns() -> i64 {
     SystemTime::now()
@@ -136,8 +151,9 @@ impl Namespace {
     /// and creation times, log records): the clock as of the last timer
     /// tick, as the kernel stamps files, which costs a few nanoseconds
     /// where a precise reading costs tens on every write. Above every
-    /// earlier stamp of this namespace, so that every change moves a
-    /// file's times forward: a stamp runs ahead of the tick by 1 ns per
+    /// earlier stamp of this namespace (and of those this process dropped
+    /// before making it), so that every change moves a file's times
+    /// forward: a stamp runs ahead of the tick by 1 ns per
     /// change made within it (changes take longer than that, so a stamp
     /// does not pass the precise clock), and never by more than
     /// [`STAMP_LEAD`]. If the clock is set back further than that, stamps
@@ -170,7 +186,7 @@ impl Namespace {
             replaced: Vec::new(),
             scratch: Vec::new(),
             open: crate::intmap::IntMap::default(),
-            last_stamp: 0,
+            last_stamp: DROPPED_STAMP.load(Ordering::Relaxed),
         };
         let root_inode = ns.new_inode(
             ROOT_INO,

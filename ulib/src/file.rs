@@ -394,7 +394,8 @@ impl File {
     }
 
     /// Copies `data` (file bytes `at..end`, starting in file page `first`)
-    /// into the pool pages `extents`, persists them, and commits them.
+    /// into the pool pages `extents` and commits them, durable first (see
+    /// [`Inner::commit_after`](crate::fs::Inner::commit_after)).
     fn write_chunk(
         &self,
         slot: usize,

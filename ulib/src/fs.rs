@@ -92,7 +92,7 @@ static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The most pages a commit applied directly copies under the volume's
 /// lock when it is free (see [`Inner::commit_after`]): the lock is held
-/// the while, so only short copies. A 4 KiB write's copy takes a few
+/// meanwhile, so only short copies. A 4 KiB write's copy takes a few
 /// hundred nanoseconds to drain.
 const FILL_LOCKED_PAGES: u64 = 4;
 
@@ -230,11 +230,15 @@ impl Inner {
     }
 
     /// Runs `fill`, which copies the pages of the commit `req` into
-    /// `slot`'s pool with non-temporal stores, and sends `req` from `slot`
-    /// once they are durable. Applied directly, a commit of at most
-    /// [`FILL_LOCKED_PAGES`] pages leaves the copy unfenced for Kfs's code
-    /// to fence (see [`Direct::try_apply_after`]): its checks then run
-    /// while the copy drains. Otherwise the copy is fenced here first.
+    /// `slot`'s pool with non-temporal stores, and sends `req` from `slot`;
+    /// the copy is durable before the commit's log entry is stored.
+    /// Applied directly, a commit of at most [`FILL_LOCKED_PAGES`] pages
+    /// leaves the copy unfenced for Kfs's code to fence, on this thread,
+    /// before the entry (see [`Direct::try_apply_after`]): its checks then
+    /// run while the copy drains. Otherwise the copy is fenced here first.
+    /// Whatever the outcome, the copy has drained when this returns, so
+    /// that pool pages a failed commit leaves behind hold no stores in
+    /// flight when they go to another thread.
     pub(crate) fn commit_after(
         &self,
         slot: usize,
@@ -244,8 +248,17 @@ impl Inner {
     ) -> io::Result<Reply> {
         match &self.direct {
             Some(d) if pages <= FILL_LOCKED_PAGES => {
-                if let Some(reply) = d.try_apply_after(req, self.caller(slot), fill)? {
+                let applied = d.try_apply_after(req, self.caller(slot), fill);
+                if let Ok(Some(reply)) = applied {
+                    if reply.errno != 0 {
+                        // Refused before its entry: nothing fenced the copy.
+                        self.region.fence();
+                    }
                     return reply.result().map_err(err);
+                }
+                if let Err(e) = applied {
+                    self.region.fence();
+                    return Err(e);
                 }
                 // Kfs has stopped: the copy ran, the request will fail.
                 self.region.fence();

@@ -678,3 +678,19 @@ fn a_stamp_leads_the_tick_by_little_and_follows_a_clock_set_back() {
     assert_eq!(super::next_stamp(t + STAMP_LEAD, t), t);
     assert_eq!(super::next_stamp(t + 3_600_000_000_000, t), t);
 }
+
+/// A file system closed and opened again in one process, within one
+/// tick of the coarse clock, goes on stamping above its last stamp.
+#[test]
+fn a_namespace_stamps_above_the_last_one_dropped() {
+    let mut before = ns();
+    // As after a burst of changes within one tick: a little ahead of it.
+    before.last_stamp = super::coarse_ns() + 100;
+    let last = before.stamp();
+    drop(before);
+    let mut after = ns();
+    // Its stamps start from the dropped one's, whatever the clock did
+    // meanwhile (making a namespace may take longer than a tick).
+    assert!(after.last_stamp >= last);
+    assert!(after.stamp() > last);
+}

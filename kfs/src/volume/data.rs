@@ -2,8 +2,11 @@
 //! pools, copy-on-write commits, truncation, and the protection of
 //! clients' pool pages.
 //!
-//! A client thread writes into pages of its own pool and persists them;
-//! its commit names them. Kfs checks that the client holds the file's
+//! A client thread writes into pages of its own pool, with non-temporal
+//! stores; its commit names them. They are durable before the commit's
+//! log entry: the client fences them before it queues the commit, or,
+//! applying the commit itself, leaves them to the fence Kfs's log makes
+//! before the entry (on the same thread). Kfs checks that the client holds the file's
 //! write lease and that every page is an unused page of that thread's
 //! pool, logs the commit, publishes the new block-map entries, puts the
 //! replaced pages to wait for their grace period, and fences the log
@@ -302,8 +305,9 @@ struct Pending {
     runs: Vec<(u64, u64)>,
     pages: u64,
     /// When the first of them was committed, at the latest: the commit's
-    /// own [`Namespace::stamp`](crate::namespace::Namespace::stamp) less [`STAMP_LEAD`], so that batching costs no
-    /// clock read of its own. That is never later than [`now_ns`] at the
+    /// own stamp ([`Namespace::stamp`](crate::namespace::Namespace::stamp))
+    /// less [`STAMP_LEAD`], so that batching costs no clock read of its
+    /// own. That is never later than [`now_ns`] at the
     /// commit, so Kfs's expiry check, which reads the precise clock,
     /// flips the batch no later than [`BATCH_TIME`] after its first
     /// commit.
