@@ -360,16 +360,9 @@ impl Direct {
         caller: Caller,
         fill: impl FnOnce() -> std::result::Result<(), E>,
     ) -> std::result::Result<Option<Reply>, E> {
-        let guard = match self.volume.try_lock() {
-            Some(g) => {
-                fill()?;
-                g
-            }
-            None => {
-                fill()?;
-                lock_spinning(&self.volume)
-            }
-        };
+        let free = self.volume.try_lock();
+        fill()?;
+        let guard = free.unwrap_or_else(|| lock_spinning(&self.volume));
         Ok(self.apply_locked(guard, req, caller))
     }
 

@@ -248,21 +248,19 @@ impl Inner {
     ) -> io::Result<Reply> {
         match &self.direct {
             Some(d) if pages <= FILL_LOCKED_PAGES => {
-                let applied = d.try_apply_after(req, self.caller(slot), fill);
-                if let Ok(Some(reply)) = applied {
-                    if reply.errno != 0 {
-                        // Refused before its entry: nothing fenced the copy.
+                match d.try_apply_after(req, self.caller(slot), fill) {
+                    // Kfs fenced the copy before the commit's entry.
+                    Ok(Some(reply)) if reply.errno == 0 => Ok(reply),
+                    // Refused before its entry, a copy that failed, or Kfs
+                    // stopped: nothing fenced the copy.
+                    applied => {
                         self.region.fence();
+                        match applied? {
+                            Some(reply) => reply.result().map_err(err),
+                            None => self.queue(slot, req),
+                        }
                     }
-                    return reply.result().map_err(err);
                 }
-                if let Err(e) = applied {
-                    self.region.fence();
-                    return Err(e);
-                }
-                // Kfs has stopped: the copy ran, the request will fail.
-                self.region.fence();
-                self.queue(slot, req)
             }
             _ => {
                 fill()?;

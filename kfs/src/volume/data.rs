@@ -6,11 +6,11 @@
 //! stores; its commit names them. They are durable before the commit's
 //! log entry: the client fences them before it queues the commit, or,
 //! applying the commit itself, leaves them to the fence Kfs's log makes
-//! before the entry (on the same thread). Kfs checks that the client holds the file's
-//! write lease and that every page is an unused page of that thread's
-//! pool, logs the commit, publishes the new block-map entries, puts the
-//! replaced pages to wait for their grace period, and fences the log
-//! entry before it replies.
+//! before the entry (on the same thread). Kfs checks that the client
+//! holds the file's write lease and that every page is an unused page of
+//! that thread's pool, logs the commit, publishes the new block-map
+//! entries, puts the replaced pages to wait for their grace period, and
+//! fences the log entry before it replies.
 
 use kucofs_common::index::blockmap::{entry_page, MapReader, MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
 use kucofs_common::index::layout::I_SIZE;
