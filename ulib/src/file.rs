@@ -145,6 +145,7 @@ impl OpenOptions {
             pos: Mutex::new(0),
             lock,
             last_line: AtomicU64::new(0),
+            layout: AtomicU64::new(Layout::NONE),
         };
         // Truncation as `set_len` does it, under the file's range lock, so
         // that a write another thread has under way lands wholly before
@@ -181,6 +182,59 @@ pub struct File {
     /// directly applied commit, plus 1 (0: none yet). A commit on the same
     /// line finds its entry cached, and warms nothing.
     last_line: AtomicU64,
+    /// Where this handle's reads find their pages: a [`Layout`] word.
+    layout: AtomicU64,
+}
+
+/// Where a file's pages lie in the region, as its reads found them: a
+/// guess at the page of the next read, which that read starts loading
+/// (with the page-table walk to it) while it looks the page up in the
+/// block map, so that the two misses overlap (a random 4 KiB read out of
+/// a 256 MiB file misses the cache on both). The guess is never trusted:
+/// the read copies from the page the map names, whatever was loaded.
+///
+/// A file written front to back on a fresh file system lies in one run of
+/// adjacent pages (its writes take the pool's pages in order, and grants
+/// come in order off the free space), so each page sits at its file page
+/// number plus one offset, the *shift*. A read records the shift of the
+/// page it found; the next read prefetches only if two reads in a row
+/// found the same shift, so a file scattered by random overwrites costs
+/// its reads no useless loads. Measured on RNDRD (4 KiB reads of a 256
+/// MiB file, one thread): 1.55M ops/s without, 1.9M with; a prefetch of
+/// the first 256 bytes beat one of 64 bytes (1.8M) and of more (1 KiB:
+/// 1.8M; the whole page: 1.35M, its loads apparently queued ahead of the
+/// map's).
+struct Layout;
+
+impl Layout {
+    /// No read has found a page yet.
+    const NONE: u64 = 0;
+    /// The bit of a word whose shift two reads in a row found.
+    const CONFIRMED: u64 = 1;
+    /// A bit every word a read stored has, so that none is [`Self::NONE`].
+    const FOUND: u64 = 2;
+    /// The bytes of a guessed page prefetched.
+    const PREFETCH: usize = 256;
+
+    /// The word for `shift` (region page minus file page, wrapping: a
+    /// two's-complement number far smaller than 2^62 either way, as both
+    /// page numbers are below 2^52), found again (`confirmed`) or not.
+    fn word(shift: u64, confirmed: bool) -> u64 {
+        (shift << 2) | Self::FOUND | u64::from(confirmed)
+    }
+
+    /// The shift of a word, if two reads in a row found it.
+    fn confirmed(w: u64) -> Option<u64> {
+        (w & Self::CONFIRMED != 0).then_some(((w as i64) >> 2) as u64)
+    }
+
+    /// The word after a read found file page `first` in region page
+    /// `page`, the word before being `w`.
+    fn after(w: u64, first: u64, page: u64) -> u64 {
+        let shift = page.wrapping_sub(first);
+        let same = w != Self::NONE && ((w as i64) >> 2) as u64 == shift;
+        Self::word(shift, same)
+    }
 }
 
 /// Which cache line holds file page `page`'s block-map entry, as a number
@@ -286,9 +340,24 @@ impl File {
                         .min(size)
                         .min((first + entries.len() as u64) * PAGE);
                     let n = (end - 1) / PAGE - first + 1;
+                    // Relaxed: a hint, shared by the threads reading
+                    // through this handle.
+                    let layout = self.layout.load(Ordering::Relaxed);
+                    if let Some(shift) = Layout::confirmed(layout) {
+                        let guess = first.wrapping_add(shift).wrapping_mul(PAGE);
+                        region.prefetch_range(guess, Layout::PREFETCH);
+                    }
                     let map = MapReader::of_inode(mem, self.inode);
                     let snap = &mut entries[..n as usize];
                     load_entries(&map, first, snap);
+                    if snap[0] != 0 {
+                        let next = Layout::after(layout, first, entry_page(snap[0]));
+                        // Stored only when it changes: a contiguous file's
+                        // reads leave the line shared.
+                        if next != layout {
+                            self.layout.store(next, Ordering::Relaxed);
+                        }
+                    }
                     // The size again, after the entries (Acquire loads, in
                     // order): Kfs zeroes a page's tail in place only after
                     // giving its entry a new version, and stores the size
@@ -693,5 +762,80 @@ mod tests {
         assert!((7..15).all(|p| entry_line(p) == entry_line(7)));
         assert_ne!(entry_line(FANOUT), entry_line(FANOUT - 1));
         assert_eq!(entry_line(FANOUT) - entry_line(0), 8);
+    }
+
+    #[test]
+    fn layout_words_keep_negative_shifts_and_confirm_a_shift_found_twice() {
+        let w = Layout::after(Layout::NONE, 10, 3);
+        assert_eq!(Layout::confirmed(w), None);
+        let w = Layout::after(w, 20, 13);
+        assert_eq!(Layout::confirmed(w), Some(3u64.wrapping_sub(10)));
+        assert_eq!(30u64.wrapping_add(Layout::confirmed(w).unwrap()), 23);
+        let w = Layout::after(w, 5, (1 << 40) + 5);
+        assert_eq!(Layout::confirmed(w), None);
+        assert_eq!(
+            Layout::confirmed(Layout::after(w, 6, (1 << 40) + 6)),
+            Some(1 << 40)
+        );
+    }
+
+    /// The region page holding file page `page` of `f`.
+    fn page_of(f: &File, page: u64) -> u64 {
+        f.fs.with_index(|r| entry_page(MapReader::of_inode(r.mem(), f.inode).entry(page)))
+            .unwrap()
+    }
+
+    /// Page `p` of the test file as written in round `round`: bytes that
+    /// differ with the page, the place in it and the round.
+    fn page_bytes(p: u64, round: u8) -> Vec<u8> {
+        (0..PAGE as usize)
+            .map(|i| (p as u8) ^ round ^ (i as u8))
+            .collect()
+    }
+
+    #[test]
+    fn reads_learn_a_front_to_back_layout_and_stay_right_when_it_breaks() {
+        let dir = tempfile::Builder::new()
+            .prefix("kucofs-layout-")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        let fs = Fs::create(dir.path().join("fs.img"), 64 << 20).unwrap();
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .open(&fs, "f")
+            .unwrap();
+        const PAGES: u64 = 64;
+        for p in 0..PAGES {
+            assert_eq!(
+                f.write_at(&page_bytes(p, 0), p * PAGE).unwrap(),
+                PAGE as usize
+            );
+        }
+        // What the prefetch rests on: written front to back on a fresh
+        // file system, the file is one run of adjacent pages.
+        let shift = page_of(&f, 0).wrapping_sub(0);
+        assert!((0..PAGES).all(|p| page_of(&f, p).wrapping_sub(p) == shift));
+
+        let mut buf = vec![0u8; PAGE as usize];
+        let mut read = |p: u64, round: u8| {
+            assert_eq!(f.read_at(&mut buf, p * PAGE).unwrap(), PAGE as usize);
+            assert!(buf == page_bytes(p, round), "page {p} read wrong");
+            Layout::confirmed(f.layout.load(Ordering::Relaxed))
+        };
+        assert_eq!(read(3, 0), None);
+        assert_eq!(read(50, 0), Some(shift));
+        assert_eq!(read(17, 0), Some(shift));
+
+        // An overwrite moves page 9 out of the run: its read, prefetching
+        // the old page, copies the new one, and unconfirms the guess.
+        f.write_at(&page_bytes(9, 1), 9 * PAGE).unwrap();
+        assert_ne!(page_of(&f, 9).wrapping_sub(9), shift);
+        assert_eq!(read(9, 1), None);
+        assert_eq!(read(40, 0), None);
+        assert_eq!(read(41, 0), Some(shift));
+        drop(f);
+        fs.close().unwrap();
     }
 }

@@ -557,6 +557,17 @@ impl RegionView {
         self.map.prefetch(offset)
     }
 
+    /// Asks the CPU to start loading the cache lines of `[offset, offset +
+    /// len)`, and with them the page-table entries that map them (a hint:
+    /// nothing happens for a range outside the region). Never inlined:
+    /// inlined into a read, the same prefetches ran slower (random 4 KiB
+    /// reads of a 256 MiB file: 1.70M against 1.88M ops/s, four runs
+    /// each), the read's next loads apparently queued behind them.
+    #[inline(never)]
+    pub fn prefetch_range(&self, offset: u64, len: usize) {
+        self.map.prefetch_range(offset, len)
+    }
+
     /// What copies a write's data into this client's pool pages. For a
     /// keyed view it opens the calling thread's write window, which stays
     /// open until it is dropped: make one for a write's copies, not one
