@@ -547,8 +547,9 @@ impl Kfs {
     }
 
     /// Does now, on the calling thread, the provisioning that is due: the
-    /// index and the log populated ahead of use, the data pages made huge
-    /// pages ahead of the grants and behind them, and a chunk the kernel
+    /// index and the log populated ahead of use, the data pages allocated
+    /// ahead of the grants (with huge pages enabled: made huge pages ahead
+    /// of the grants and behind them), and a chunk the kernel
     /// would not make huge asked for again if its wait is over (see
     /// [`ServerConfig::huge_pages`]). The Kfs thread does this while idle,
     /// a step at a time; this takes the provisioning for one step at a

@@ -393,6 +393,27 @@ impl Mapping {
         };
     }
 
+    /// Has the pages of `[offset, offset + len)` allocated by reading a
+    /// byte of each through this mapping: a page fault each, taken under
+    /// this mapping's own lock, where [`Mapping::populate`] holds the
+    /// process's memory-map lock throughout, which a protection change of
+    /// another mapping in the same process (a client's view) then waits
+    /// for. A file on tmpfs allocates and clears a page at its first fault,
+    /// a read one included. Contents are unchanged.
+    pub(super) fn touch(&self, offset: u64, len: u64) {
+        let Ok(n) = usize::try_from(len) else { return };
+        let Ok(start) = self.check(offset, n) else {
+            return;
+        };
+        for at in (start & !4095..start + n).step_by(4096) {
+            // SAFETY: `at` lies inside this live mapping (the range was
+            // checked, and its first page starts at or after the
+            // page-aligned mapping's start); a byte has no alignment, and
+            // an atomic load races with no store, whoever writes nearby.
+            unsafe { std::sync::atomic::AtomicU8::from_ptr(self.at(at)) }.load(Ordering::Relaxed);
+        }
+    }
+
     /// Makes the range ready for use: its chunks huge where
     /// [`Mapping::make_huge`] can (up to `limit`), its pages populated
     /// otherwise.

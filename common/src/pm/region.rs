@@ -265,6 +265,16 @@ impl Region {
         self.map.provision(offset, len, self.len());
     }
 
+    /// Allocates the pages of a range now rather than at their first use,
+    /// a page fault each (contents unchanged): slower than
+    /// [`Region::prefault`] for a range of one owner, but it leaves the
+    /// process's memory map unlocked, so that a client's protection change
+    /// in the same process goes on meanwhile. For a view's data pages
+    /// ahead of their grant.
+    pub fn allocate(&self, offset: u64, len: u64) {
+        self.map.touch(offset, len);
+    }
+
     /// Lets the region use huge pages ([`Region::make_huge`]): an image on
     /// tmpfs only (a DAX device maps huge pages by itself, its mapping
     /// being aligned for them). False if this image cannot have them.

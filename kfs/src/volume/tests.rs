@@ -849,6 +849,31 @@ fn provisioning_with_a_failed_chunk(v: &Volume) -> Option<crate::provision::Prov
     Some(p)
 }
 
+/// Without huge pages, provisioning has the image allocate the data pages
+/// just ahead of the grants, where a grant of fresh pages goes next, so
+/// that the client does not wait for the kernel to allocate and clear
+/// them when it maps them into its view.
+#[test]
+fn provisioning_allocates_the_data_pages_ahead_of_the_grants() {
+    use rustix::fs::SeekFrom;
+    let (_dir, path, v) = volume_of(128 << 20);
+    let data = v.image().superblock().geometry.data;
+    let image = std::fs::File::open(&path).unwrap();
+    let hole_at = |at: u64| rustix::fs::seek(&image, SeekFrom::Hole(at)).unwrap();
+    // Fresh: the data pages are a hole (tmpfs reports holes).
+    assert_eq!(hole_at(data.offset()), data.offset());
+    let mut p = v.provisioner();
+    while p.step() {}
+    assert!(!v.image().region().can_make_huge());
+    let ahead = crate::provision::AHEAD.min(data.len());
+    let hole = hole_at(data.offset());
+    assert!(
+        hole >= data.offset() + ahead,
+        "data allocated up to {} bytes in, not {ahead}",
+        hole - data.offset()
+    );
+}
+
 /// A chunk the kernel would not make huge when provisioning asked, for a
 /// reason of the moment, is asked for again once nothing else is due, and
 /// ends up huge like the rest.
