@@ -393,13 +393,14 @@ impl Mapping {
         };
     }
 
-    /// Has the pages of `[offset, offset + len)` allocated by reading a
-    /// byte of each through this mapping: a page fault each, taken under
-    /// this mapping's own lock, where [`Mapping::populate`] holds the
-    /// process's memory-map lock throughout, which a protection change of
-    /// another mapping in the same process (a client's view) then waits
-    /// for. A file on tmpfs allocates and clears a page at its first fault,
-    /// a read one included. Contents are unchanged.
+    /// Has the pages of `[offset, offset + len)` allocated and mapped by
+    /// reading a byte of each through this mapping (a file on tmpfs, or a
+    /// memfd, allocates and clears a page at its first fault, a read one
+    /// included; a DAX mapping maps it). Contents are unchanged. Each page
+    /// faults alone, under this mapping's own lock, where
+    /// [`Mapping::populate`] holds the process's memory-map lock over the
+    /// whole range, which a protection change of any mapping of the
+    /// process (a client's view, in the same process as Kfs) waits for.
     pub(super) fn touch(&self, offset: u64, len: u64) {
         let Ok(n) = usize::try_from(len) else { return };
         let Ok(start) = self.check(offset, n) else {
@@ -415,11 +416,11 @@ impl Mapping {
     }
 
     /// Makes the range ready for use: its chunks huge where
-    /// [`Mapping::make_huge`] can (up to `limit`), its pages populated
-    /// otherwise.
+    /// [`Mapping::make_huge`] can (up to `limit`), its pages allocated and
+    /// mapped otherwise ([`Mapping::touch`]).
     pub(super) fn provision(&self, offset: u64, len: u64, limit: u64) {
         if !self.make_huge(offset, len, limit) {
-            self.populate(offset, len);
+            self.touch(offset, len);
         }
     }
 

@@ -257,22 +257,14 @@ impl Region {
     }
 
     /// Allocates and maps the pages of a range now rather than at their
-    /// first store (emulated regions allocate memory on first touch; a
-    /// batch costs far less than a fault per page). Contents are unchanged.
-    /// With huge pages enabled, an image on tmpfs gets them for the whole
-    /// 2 MiB chunks around the range instead (see [`Region::make_huge`]).
+    /// first store (emulated regions allocate memory on first touch), a
+    /// page fault each, leaving the process's memory map unlocked for the
+    /// protection changes of clients in the same process. Contents are
+    /// unchanged. With huge pages enabled, an image on tmpfs gets them for
+    /// the whole 2 MiB chunks around the range instead (see
+    /// [`Region::make_huge`]).
     pub fn prefault(&self, offset: u64, len: u64) {
         self.map.provision(offset, len, self.len());
-    }
-
-    /// Allocates the pages of a range now rather than at their first use,
-    /// a page fault each (contents unchanged): slower than
-    /// [`Region::prefault`] for a range of one owner, but it leaves the
-    /// process's memory map unlocked, so that a client's protection change
-    /// in the same process goes on meanwhile. For a view's data pages
-    /// ahead of their grant.
-    pub fn allocate(&self, offset: u64, len: u64) {
-        self.map.touch(offset, len);
     }
 
     /// Lets the region use huge pages ([`Region::make_huge`]): an image on
@@ -915,6 +907,29 @@ mod tests {
         r.store_u64(64, 0xdead_beef, Ordering::Release).unwrap();
         assert_eq!(v.load_u64(64, Ordering::Acquire).unwrap(), 0xdead_beef);
         assert_ne!(v.address(), 0);
+    }
+
+    #[test]
+    fn prefault_allocates_a_range_and_keeps_its_bytes() {
+        use rustix::fs::SeekFrom;
+        let dir = shm_dir();
+        let path = dir.path().join("img");
+        let r = Region::create(&path, 1 << 20, false).unwrap();
+        r.write_persist(5 * 4096 + 100, b"kept").unwrap();
+        let image = File::open(&path).unwrap();
+        let hole_at = |at: u64| rustix::fs::seek(&image, SeekFrom::Hole(at)).unwrap();
+        assert_eq!(hole_at(8 * 4096), 8 * 4096, "fresh pages are a hole");
+        // Unaligned ends: every page the range touches, and no other.
+        r.prefault(4 * 4096 + 10, 5 * 4096);
+        assert_eq!(hole_at(4 * 4096), 10 * 4096);
+        let mut buf = vec![0xffu8; 6 * 4096];
+        r.read(4 * 4096, &mut buf).unwrap();
+        assert_eq!(&buf[4096 + 100..4096 + 104], b"kept");
+        buf[4096 + 100..4096 + 104].fill(0);
+        assert!(buf.iter().all(|&b| b == 0));
+        // Out of bounds: nothing happens (a hint).
+        r.prefault(1 << 20, 4096);
+        r.prefault(u64::MAX - 10, 100);
     }
 
     #[test]
