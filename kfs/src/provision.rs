@@ -129,7 +129,11 @@ impl Provisioner {
                 self.log_done = at + n;
             }
             Stream::Data => {
-                self.region.prefault(self.data.offset() + at, n);
+                if self.region.can_make_huge() {
+                    self.region.make_huge(self.data.offset() + at, n);
+                } else {
+                    self.region.prefault(self.data.offset() + at, n);
+                }
                 self.data_done = at + n;
             }
             Stream::Behind => {
@@ -214,7 +218,7 @@ enum Stream {
 /// that much of the [`AHEAD`] window is unpopulated, or the rest of the
 /// space at its end. Never less: the window slides on by a few bytes with
 /// every allocation or log entry, and populating such slivers would cost a
-/// system call for each.
+/// step for each.
 fn due(done: u64, at: u64, len: u64, chunk: u64) -> Option<(u64, u64)> {
     // Use overtook provisioning: what lies behind was touched anyway.
     let from = done.max(at);

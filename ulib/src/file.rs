@@ -216,6 +216,8 @@ impl Layout {
     const FOUND: u64 = 2;
     /// The bytes of a guessed page prefetched.
     const PREFETCH: usize = 256;
+    /// The most pages a read copies from a guess.
+    const PAGES: u64 = 4;
 
     /// The word for `shift` (region page minus file page, wrapping: a
     /// two's-complement number far smaller than 2^62 either way, as both
@@ -346,8 +348,11 @@ impl File {
                     let layout = self.layout.load(Ordering::Relaxed);
                     let guess = Layout::confirmed(layout)
                         .and_then(|shift| first.wrapping_add(shift).checked_mul(PAGE));
+                    // Small reads only: a chunk of many pages is likelier
+                    // to hold a hole or a moved page, and copied twice then.
+                    let guess = guess.filter(|_| n <= Layout::PAGES);
                     if let Some(g) = guess {
-                        region.prefetch_range(g, Layout::PREFETCH);
+                        region.prefetch_range(g + at % PAGE, Layout::PREFETCH);
                     }
                     let map = MapReader::of_inode(mem, self.inode);
                     let snap = &mut entries[..n as usize];
@@ -365,16 +370,18 @@ impl File {
                     // for the entries' (the two miss the cache at once),
                     // and kept if the entries name those pages and pass
                     // every check the copy below passes. This copy comes
-                    // after the entries' Acquire loads as that one does;
-                    // the size is read again after it, not before, which
-                    // still brackets the entries' loads as below. A wrong
-                    // guess costs one copy.
+                    // after the entries' Acquire loads as that one does,
+                    // and after the size's second load, as there: a size
+                    // that went away and back during the copy (a shrink
+                    // zeroing a page's tail in place, then a grow) must
+                    // not pass. A wrong guess costs one copy.
                     if let Some(g) = guess {
+                        let again = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
                         let out = &mut buf[done..done + (end - at) as usize];
                         if region.read(g + at % PAGE, out).is_ok()
+                            && again == size
                             && names_run(snap, g / PAGE)
                             && runs_are_whole(snap)
-                            && mem.load_u64(self.inode + I_SIZE, Ordering::Acquire) == size
                             && entries_unchanged(&map, first, snap)
                             && map.is_current(self.inode)
                         {

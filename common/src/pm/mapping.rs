@@ -396,7 +396,8 @@ impl Mapping {
     /// Has the pages of `[offset, offset + len)` allocated and mapped by
     /// reading a byte of each through this mapping (a file on tmpfs, or a
     /// memfd, allocates and clears a page at its first fault, a read one
-    /// included; a DAX mapping maps it). Contents are unchanged. Each page
+    /// included; on other file systems a read fault may only map a page,
+    /// and its first store allocates it). Contents are unchanged. Each page
     /// faults alone, under this mapping's own lock, where
     /// [`Mapping::populate`] holds the process's memory-map lock over the
     /// whole range, which a protection change of any mapping of the
@@ -409,8 +410,11 @@ impl Mapping {
         for at in (start & !4095..start + n).step_by(4096) {
             // SAFETY: `at` lies inside this live mapping (the range was
             // checked, and its first page starts at or after the
-            // page-aligned mapping's start); a byte has no alignment, and
-            // an atomic load races with no store, whoever writes nearby.
+            // page-aligned mapping's start); a byte has no alignment. Other
+            // threads and processes store to these bytes with plain and
+            // non-temporal stores, as everywhere in a mapping of the
+            // region; the value read is discarded, and on x86 such a load
+            // beside those stores reads some byte and nothing else.
             unsafe { std::sync::atomic::AtomicU8::from_ptr(self.at(at)) }.load(Ordering::Relaxed);
         }
     }
@@ -436,8 +440,8 @@ impl Mapping {
     /// end) are left alone.
     ///
     /// True if every chunk of the range is huge now; false if any is not,
-    /// or if huge pages were not enabled (the caller then populates the
-    /// range as usual).
+    /// or if huge pages were not enabled (the caller then provisions the
+    /// range in small pages).
     pub(super) fn make_huge(&self, offset: u64, len: u64, limit: u64) -> bool {
         let Some(h) = self.huge.as_ref().filter(|h| h.usable()) else {
             return false;

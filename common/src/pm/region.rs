@@ -922,6 +922,7 @@ mod tests {
         // Unaligned ends: every page the range touches, and no other.
         r.prefault(4 * 4096 + 10, 5 * 4096);
         assert_eq!(hole_at(4 * 4096), 10 * 4096);
+        assert_eq!(hole_at(3 * 4096), 3 * 4096, "a page before the range");
         let mut buf = vec![0xffu8; 6 * 4096];
         r.read(4 * 4096, &mut buf).unwrap();
         assert_eq!(&buf[4096 + 100..4096 + 104], b"kept");
