@@ -200,11 +200,12 @@ pub struct File {
 /// page it found; the next read prefetches only if two reads in a row
 /// found the same shift, so a file scattered by random overwrites costs
 /// its reads no useless loads. Measured on RNDRD (4 KiB reads of a 256
-/// MiB file, one thread): 1.55M ops/s without, 1.9M with the prefetch
-/// alone (of the first 256 bytes, which beat 64 bytes (1.8M) and more: 1
-/// KiB 1.8M, the whole page 1.35M, its loads apparently queued ahead of
-/// the map's); copying from the guess as well, 2.13M against 2.03M (five
-/// runs each). Without the prefetch, that copy made 1.96M.
+/// MiB file, one thread, four runs each): 1.55M ops/s without, 1.88M
+/// with the prefetch alone (of the first 256 bytes, which beat 64 bytes
+/// (1.8M) and more: 1 KiB 1.8M, the whole page 1.35M, its loads
+/// apparently queued ahead of the map's); copying from the guess as well,
+/// 2.13M against 2.03M (five runs each). Without the prefetch, that copy
+/// made 1.96M.
 struct Layout;
 
 impl Layout {
@@ -833,11 +834,7 @@ mod tests {
 
     #[test]
     fn reads_learn_a_front_to_back_layout_and_stay_right_when_it_breaks() {
-        let dir = tempfile::Builder::new()
-            .prefix("kucofs-layout-")
-            .tempdir_in("/dev/shm")
-            .unwrap();
-        let fs = Fs::create(dir.path().join("fs.img"), 64 << 20).unwrap();
+        let (_dir, fs) = crate::fs::tests::scratch("kucofs-layout-");
         let f = OpenOptions::new()
             .read(true)
             .write(true)

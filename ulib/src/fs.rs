@@ -922,16 +922,23 @@ impl Drop for Fs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn pages_given_back_after_a_failed_write_are_taken_first() {
+    /// A fresh 64 MiB file system in a directory under `/dev/shm` named
+    /// `prefix...` (dropping the directory removes its image).
+    pub(crate) fn scratch(prefix: &str) -> (tempfile::TempDir, Fs) {
         let dir = tempfile::Builder::new()
-            .prefix("kucofs-pool-")
+            .prefix(prefix)
             .tempdir_in("/dev/shm")
             .unwrap();
         let fs = Fs::create(dir.path().join("fs.img"), 64 << 20).unwrap();
+        (dir, fs)
+    }
+
+    #[test]
+    fn pages_given_back_after_a_failed_write_are_taken_first() {
+        let (_dir, fs) = scratch("kucofs-pool-");
         let inner = fs.inner();
         let slot = inner.slot().unwrap();
         let first = inner.take_pages(slot, 3).unwrap();
