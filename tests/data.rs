@@ -328,6 +328,68 @@ fn settle_leaves_just_written_data_in_huge_pages() {
     assert!(report.problems.is_empty(), "{report}");
 }
 
+/// By default huge pages are on whatever the protection mode (here it
+/// falls back to batched, which changes the view's protection page by
+/// page): a file written and then left alone comes to be held in huge
+/// pages, which Kfs makes once nothing has been asked of it for a while,
+/// and reading it maps them huge in the library's view, whose reads go
+/// through a mapping no protection change splits.
+#[test]
+fn by_default_a_file_left_alone_is_read_through_huge_mappings() {
+    let Some((_d, path, fs)) = fresh() else {
+        return;
+    };
+    let data = pattern(8 << 20, 9);
+    fs.write("f", &data).unwrap();
+    let f = File::open(&fs, "f").unwrap();
+    let page = f.debug_page_address(4 << 20).unwrap().unwrap();
+    let mut back = vec![0u8; data.len()];
+    let mut huge = 0;
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(f.read_at(&mut back, 0).unwrap(), data.len());
+        huge = pmd_mapped_kib(page);
+        if huge > 0 {
+            break;
+        }
+    }
+    if huge == 0 && !kernel_makes_huge_shmem() {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+        return;
+    }
+    assert!(huge >= 2048, "the view maps {huge} KiB huge");
+    assert_eq!(back, data);
+    drop(f);
+    fs.close().unwrap();
+    let report = kucofs_kfs::fsck(&path).unwrap();
+    assert!(report.problems.is_empty(), "{report}");
+}
+
+/// The kibibytes of the mapping holding `addr` that huge page-table
+/// entries map, from `/proc/self/smaps`.
+fn pmd_mapped_kib(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let holds = |l: &str| {
+        let Some((range, _)) = l.split_once(' ') else {
+            return false;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            return false;
+        };
+        match (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+            (Ok(a), Ok(b)) => a <= addr && addr < b,
+            _ => false,
+        }
+    };
+    smaps
+        .lines()
+        .skip_while(|l| !holds(l))
+        .take_while(|l| !l.starts_with("VmFlags"))
+        .find_map(|l| l.strip_prefix("ShmemPmdMapped:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// `len` bytes that differ from page to page and with `seed`.
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len)

@@ -9,31 +9,48 @@
 //! With huge pages enabled (`ServerConfig::huge_pages`) for an image on
 //! tmpfs, the log's and the index's memory comes in huge pages instead
 //! (2 MiB each, one TLB entry where small pages take 512), and so do the
-//! data pages: the Kfs thread makes huge the chunks just ahead of the
-//! highest page granted so far, where grants of fresh pages go next.
-//! Making a chunk huge allocates and clears 2 MiB: about 0.5 ms, and
-//! several ms while the machine's memory is cold. Done on the path of the
-//! writer whose grant needed the chunk, that stalled every write behind it.
-//! A writer can outrun the Kfs thread, though, and a chunk it filled
-//! before its turn came stays in small pages; so once nothing ahead is
-//! due, the Kfs thread goes back over the chunks below, one per step, and
-//! makes huge those it skipped (the kernel copies their small pages into
-//! the huge one). A chunk the kernel would not make huge when asked, for
-//! a reason of the moment (no huge page free, a page of it busy), is asked
-//! for again once nothing else is due, one chunk at a time, a second
-//! after the last try at the soonest and longer after each that fails
-//! ([`RETRY_FIRST`]).
+//! data pages. How depends on the clients:
+//!
+//! - *Ahead* ([`Provisioner::set_huge_ahead`], for clients whose pages'
+//!   protection never changes): the Kfs thread makes huge the chunks just
+//!   ahead of the highest page granted so far, where grants of fresh pages
+//!   go next. Making a chunk huge allocates and clears 2 MiB: about 0.5
+//!   ms, and several ms while the machine's memory is cold. Done on the
+//!   path of the writer whose grant needed the chunk, that stalled every
+//!   write behind it.
+//! - Otherwise the chunks ahead are allocated in small pages, as without
+//!   huge pages (below), and made huge later, behind.
+//!
+//! *Behind*: a writer can outrun the Kfs thread, and without huge pages
+//! ahead every chunk is allocated small; so the Kfs thread goes back over
+//! the chunks below, one per step, and makes huge those not huge yet (the
+//! kernel copies their small pages into the huge one). It does so only
+//! once Kfs has been quiet a while, a chunk at a time a pace apart, or all
+//! at once when asked (see [`Behind`]): a chunk made huge under a writer
+//! unmaps the writer's pages, and on a fresh image, making chunks huge as
+//! fast as the writers outran provisioning kept the Kfs thread busy
+//! clearing memory and the writer faulting. Random 4 KiB overwrites of a
+//! 256 MiB file on a fresh image (RNDWR, batched, alternating single runs)
+//! went from 0.91–1.21× tmpfs with huge pages off to 1.29–1.43× this way,
+//! where huge pages ahead had made them 0.31×; random reads of it, made
+//! huge behind once written, from 2.30–2.50× to 2.57–2.84×.
+//!
+//! A chunk the kernel would not make huge when asked, for a reason of the
+//! moment (no huge page free, a page of it busy), is asked for again once
+//! nothing else is due, one chunk at a time, a second after the last try
+//! at the soonest and longer after each that fails ([`RETRY_FIRST`]).
 //!
 //! Without huge pages, the data pages just ahead of the highest granted
 //! are allocated all the same (one chunk a step): a client maps each run
 //! granted to it into its view at once, and where the image had not
 //! allocated the pages yet, that mapping allocated and cleared them on the
 //! writer's path (a quarter of a random overwriter's time on a fresh
-//! image). Provisioning reads a byte of each page through Kfs's own mapping
-//! ([`Region::prefault`]) rather than populating the range in one system
-//! call: populating holds the process's memory-map lock, and in the same
-//! process a client's protection changes wait for it (in profiles of a
-//! random overwriter, they waited for the log's provisioning). On a fresh
+//! image). Provisioning reads a byte of each page through Kfs's own
+//! mapping ([`Region::prefault`], [`Region::touch`]) rather than
+//! populating the range in one system call: populating holds the
+//! process's memory-map lock, and in the same process a client's
+//! protection changes wait for it (in profiles of a random overwriter,
+//! they waited for the log's provisioning). On a fresh
 //! image, random 4 KiB overwrites (RNDWR, batched, four alternating runs
 //! each) went from 1.17–1.34× tmpfs to 1.55–1.64×.
 //!
@@ -81,7 +98,37 @@ pub struct Provisioner {
     /// When a chunk the kernel would not make huge was last asked for
     /// again, and how long to wait after that before the next try.
     retried: Option<(Instant, Duration)>,
+    /// With huge pages: the data chunks just ahead of the grants are made
+    /// huge too, not only allocated ([`Provisioner::set_huge_ahead`]).
+    huge_ahead: bool,
+    /// Whether the chunks writers outran may be made huge now
+    /// ([`Provisioner::set_behind`]).
+    behind: Behind,
+    /// When the last of them was.
+    behind_at: Option<Instant>,
 }
+
+/// When the Kfs thread, with huge pages, makes huge the data chunks below
+/// those provisioned ahead: chunks writers reached before provisioning
+/// did, and those it allocated in small pages (without
+/// [`Provisioner::set_huge_ahead`]). Making a chunk huge that a writer is
+/// filling unmaps the writer's pages, so that every one faults again, and
+/// takes the Kfs thread's time to copy and clear 2 MiB: on a fresh image,
+/// doing it as soon as nothing else was due took random overwrites from
+/// 0.9x tmpfs to 0.3x.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behind {
+    /// Not now: Kfs was asked for something lately.
+    Hold,
+    /// Kfs has been quiet: one chunk every [`BEHIND_PACE`], so that
+    /// a quiet Kfs leaves the machine's processors and memory to others.
+    Paced,
+    /// Every chunk due, one a step.
+    Now,
+}
+
+/// The least time between two chunks made huge under [`Behind::Paced`].
+pub(crate) const BEHIND_PACE: Duration = Duration::from_millis(10);
 
 impl Provisioner {
     /// Provisioning for an index, a region's log area whose write
@@ -105,7 +152,23 @@ impl Provisioner {
             data_done: 0,
             data_back: 0,
             retried: None,
+            huge_ahead: true,
+            behind: Behind::Now,
+            behind_at: None,
         }
+    }
+
+    /// Whether, with huge pages, the data chunks just ahead of the grants
+    /// are made huge (on, the default) or only allocated in small pages,
+    /// to be made huge once writes pause ([`Provisioner::set_quiet`]).
+    pub fn set_huge_ahead(&mut self, on: bool) {
+        self.huge_ahead = on;
+    }
+
+    /// Says when the data chunks below those provisioned ahead may be
+    /// made huge (see [`Behind`]); [`Behind::Now`] unless set otherwise.
+    pub fn set_behind(&mut self, behind: Behind) {
+        self.behind = behind;
     }
 
     /// True if a chunk is due: [`Provisioner::step`] would populate one.
@@ -129,16 +192,17 @@ impl Provisioner {
                 self.log_done = at + n;
             }
             Stream::Data => {
-                if self.region.can_make_huge() {
+                if self.huge_ahead && self.region.can_make_huge() {
                     self.region.make_huge(self.data.offset() + at, n);
                 } else {
-                    self.region.prefault(self.data.offset() + at, n);
+                    self.region.touch(self.data.offset() + at, n);
                 }
                 self.data_done = at + n;
             }
             Stream::Behind => {
                 self.region.make_huge(self.data.offset() + at, n);
                 self.data_back = at + n;
+                self.behind_at = Some(Instant::now());
             }
             Stream::Retry => {
                 let made = self.region.retry_huge().or_else(|| self.index.retry_huge());
@@ -164,11 +228,20 @@ impl Provisioner {
         let high = self.data_high.load(Ordering::Relaxed);
         let at = high.saturating_sub(self.data.start) * PAGE_SIZE;
         let huge = self.region.can_make_huge();
-        let chunk = if huge { HUGE_PAGE as u64 } else { CHUNK };
+        let chunk = if huge && self.huge_ahead {
+            HUGE_PAGE as u64
+        } else {
+            CHUNK
+        };
         if let Some((at, n)) = due(self.data_done, at, self.data.len(), chunk) {
             return Some((Stream::Data, at, n));
         }
-        if huge {
+        let behind = match self.behind {
+            Behind::Hold => false,
+            Behind::Paced => self.behind_at.is_none_or(|t| t.elapsed() >= BEHIND_PACE),
+            Behind::Now => true,
+        };
+        if huge && behind {
             // Everything below what was provisioned or granted so far.
             let behind = self.data_done.max(at).saturating_sub(self.data_back);
             if behind > 0 {

@@ -28,7 +28,7 @@ use kucofs_common::proto::{Creds, Reply, Request, RequestKind, REQUEST_MAX};
 use parking_lot::Mutex;
 
 use crate::namespace::now_ns;
-use crate::provision::Provisioner;
+use crate::provision::{Behind, Provisioner};
 use crate::volume::{Caller, Readers, Volume, Warmer};
 use crate::{Error, Result};
 use kucofs_common::pm::{Protection, Protector};
@@ -45,13 +45,21 @@ pub struct ServerConfig {
     /// Checkpoint after this long without requests, if the log holds any.
     pub idle_checkpoint: Duration,
     /// For an image on tmpfs: hold the log, the index and the data pages
-    /// in huge pages (2 MiB), made as they come into use (see
+    /// in huge pages (2 MiB), made as they come into use or, for the data
+    /// pages without [`ServerConfig::huge_ahead`], once writes pause (see
     /// [`Volume::enable_huge_pages`]). `None` (the default) leaves the
-    /// choice to whoever starts Kfs: the embedded library turns them on
-    /// when its view of the image never changes protection (protection
-    /// keys), since page-by-page protection changes split huge mappings;
+    /// choice to whoever starts Kfs: the embedded library turns them on;
     /// Kfs alone takes `None` as off.
     pub huge_pages: Option<bool>,
+    /// With huge pages: make the data chunks just ahead of the grants huge
+    /// as they are provisioned, rather than allocate them in small pages
+    /// and make them huge once Kfs has been quiet a while (see
+    /// [`Behind`]). Pays where no protection change splits a client's
+    /// huge mappings of the pages it writes. `None` (the default) leaves
+    /// the choice to whoever starts Kfs: the embedded library turns it on
+    /// for a view whose protection never changes (protection keys); Kfs
+    /// alone takes `None` as off.
+    pub huge_ahead: Option<bool>,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +70,7 @@ impl Default for ServerConfig {
             sleep: Duration::from_millis(100),
             idle_checkpoint: Duration::from_millis(500),
             huge_pages: None,
+            huge_ahead: None,
         }
     }
 }
@@ -294,6 +303,12 @@ const SPINS: u32 = 2000;
 /// of them (a round frees about as many replaced pages).
 const DIRECT_HOUSEKEEPING: u64 = 256;
 
+/// With huge pages, the Kfs thread makes huge the data chunks writers
+/// outran only once no request has come for this long, and then at a
+/// pace (see [`Behind`]): reads send none, so a file being read gets its
+/// huge pages while writers' pages stay undisturbed.
+const QUIET: Duration = Duration::from_millis(50);
+
 /// How client threads applying requests directly reach the Kfs thread,
 /// which sleeps while they work. They keep house themselves, under the
 /// lock they hold anyway; a Kfs thread waking to do it would run beside
@@ -427,7 +442,11 @@ impl Kfs {
         let nudge = Arc::new(Nudge {
             doorbell: doorbell.map_again().map_err(Error::Region)?,
             wanted: AtomicBool::new(false),
-            provision: Mutex::new(Some(volume.provisioner())),
+            provision: Mutex::new(Some({
+                let mut p = volume.provisioner();
+                p.set_huge_ahead(config.huge_ahead == Some(true));
+                p
+            })),
         });
         let order = volume.protection_order();
         let shared: Shared = Arc::new(Mutex::new(Some(volume)));
@@ -556,13 +575,10 @@ impl Kfs {
     /// time too, so the Kfs thread can serve requests in between. Once Kfs
     /// has stopped there is nothing to do.
     pub fn provision(&self) {
-        while self
-            .nudge
-            .provision
-            .lock()
-            .as_mut()
-            .is_some_and(Provisioner::step)
-        {}
+        while self.nudge.provision.lock().as_mut().is_some_and(|p| {
+            p.set_behind(Behind::Now);
+            p.step()
+        }) {}
     }
 
     /// Bytes of the region and the index held in huge pages (see
@@ -664,13 +680,15 @@ impl Server {
             }
             // Nothing queued: make pages ready ahead of use, a chunk at a
             // time (direct requests keep allocating while Kfs is idle).
-            if self
-                .nudge
-                .provision
-                .lock()
-                .as_mut()
-                .is_some_and(Provisioner::step)
-            {
+            let behind = if last_work.elapsed().min(last_direct.elapsed()) >= QUIET {
+                Behind::Paced
+            } else {
+                Behind::Hold
+            };
+            if self.nudge.provision.lock().as_mut().is_some_and(|p| {
+                p.set_behind(behind);
+                p.step()
+            }) {
                 continue;
             }
             let idle = last_work.elapsed();

@@ -252,9 +252,10 @@ impl Volume {
     /// Lets the log, the index and the data pages live in huge pages, for
     /// an image on tmpfs: from now on the Kfs thread makes each 2 MiB
     /// chunk huge as it provisions the log and the index ahead of use,
-    /// and the data pages ahead of the highest grant, then those a writer
-    /// reached before it did (see `provision`). Random access over many
-    /// pages then misses the TLB far less. The price is memory in 2 MiB
+    /// and the data pages ahead of the highest grant or, without huge
+    /// pages ahead (`ServerConfig::huge_ahead`), once writes pause (see
+    /// `provision`). Random access over many pages then misses the TLB
+    /// far less. The price is memory in 2 MiB
     /// steps, and the time to clear each huge page, which is far longer
     /// than its share of small pages while the machine's memory is cold (a
     /// virtual machine whose host takes freed memory back). True if the

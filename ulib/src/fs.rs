@@ -451,10 +451,16 @@ impl Fs {
             }
         };
         // Kfs changes the view's page protection through this; a keyed
-        // view has none, since its protection never changes. Huge pages pay
-        // there, where no protection change splits the view's huge mappings.
+        // view has none, since its protection never changes. Huge pages:
+        // reads go through a mapping whose protection never changes either
+        // (see `RegionView`), which keeps them; the chunks a writer fills
+        // are made huge ahead of it only where its pages' protection never
+        // changes, and otherwise once writes pause (a protection change
+        // inside a huge mapping splits it, and a chunk made huge under a
+        // writer unmaps its pages).
         let protector = region.protector();
-        config.server.huge_pages.get_or_insert(protector.is_none());
+        config.server.huge_pages.get_or_insert(true);
+        config.server.huge_ahead.get_or_insert(protector.is_none());
         let geometry = volume.image().superblock().geometry;
         let segment = Segment::create().map_err(common_err)?;
         let doorbell = Doorbell::create().map_err(common_err)?;

@@ -553,6 +553,24 @@ impl Mapping {
         })
     }
 
+    /// Asks the kernel to map this mapping in small pages only, even where
+    /// the file is held in huge pages (`MADV_NOHUGEPAGE`): for a mapping
+    /// whose protection changes a run of pages at a time, where each
+    /// change inside a huge mapping would split it first. A hint: false if
+    /// the kernel refused it.
+    pub(super) fn small_pages_only(&self) -> bool {
+        // SAFETY: the range is exactly this live mapping; the advice
+        // changes how the kernel maps it, never what it holds.
+        unsafe {
+            rustix::mm::madvise(
+                self.at(0).cast(),
+                self.len,
+                rustix::mm::Advice::LinuxNoHugepage,
+            )
+        }
+        .is_ok()
+    }
+
     /// Makes the whole mapping readable and writable in its page tables
     /// and tags its pages with protection key `key`, so that each thread's
     /// rights to the key decide what it may do (see [`super::keys`]).

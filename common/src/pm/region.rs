@@ -267,6 +267,13 @@ impl Region {
         self.map.provision(offset, len, self.len());
     }
 
+    /// Allocates and maps the pages of a range now, as
+    /// [`Region::prefault`] does, in small pages even with huge pages
+    /// enabled.
+    pub fn touch(&self, offset: u64, len: u64) {
+        self.map.touch(offset, len);
+    }
+
     /// Lets the region use huge pages ([`Region::make_huge`]): an image on
     /// tmpfs only (a DAX device maps huge pages by itself, its mapping
     /// being aligned for them). False if this image cannot have them.
@@ -318,10 +325,16 @@ impl Region {
         self.map.huge_bytes()
     }
 
-    /// A second, read-only mapping of the same image, as a client maps it.
-    /// Its pages start read-only; Kfs makes a client's pool pages writable
+    /// A client's view of the same image: two more mappings of it, both
+    /// read-only to start with. Reads go through one whose pages stay
+    /// read-only for good; writes go through the other, a window whose
+    /// pages Kfs makes writable for the client's pool and read-only again
     /// through the view's [`Protector`] (so the file is opened read-write,
-    /// which `mprotect` needs, while the mapping itself starts read-only).
+    /// which `mprotect` needs). A protection change of a page inside a
+    /// huge mapping splits the mapping first, and the pages of one mapping
+    /// changed page by page stay split into many; the reads' mapping is
+    /// never changed, so it keeps one TLB entry per 2 MiB wherever the
+    /// image is in huge pages.
     pub fn view(&self) -> Result<RegionView> {
         self.map_view(None)
     }
@@ -346,14 +359,24 @@ impl Region {
             .open(&self.path)
             .map_err(|e| Error::io("open image", &self.path, e))?;
         let (map, mode) = map_file(&file, &self.path, self.len(), false)?;
-        if let Some(key) = key {
-            map.assign_key(key.number())
-                .map_err(|e| Error::io("tag with a protection key a view of", &self.path, e))?;
-        }
+        let map = Arc::new(map);
+        let window = match key {
+            Some(key) => {
+                map.assign_key(key.number())
+                    .map_err(|e| Error::io("tag with a protection key a view of", &self.path, e))?;
+                map.clone()
+            }
+            None => {
+                let (window, _) = map_file(&file, &self.path, self.len(), false)?;
+                window.small_pages_only();
+                Arc::new(window)
+            }
+        };
         Ok(RegionView {
             path: self.path.clone(),
             _file: None,
-            map: Arc::new(map),
+            map,
+            window,
             mode,
             flush: super::cpu::FlushInstr::detect(),
             key,
@@ -362,15 +385,25 @@ impl Region {
 }
 
 /// A read-only mapping of an image: what a client maps, and what read-only
-/// tools (`info`, `fsck`) open. Any store through its address faults,
-/// except a [`PoolWriter`]'s into pool pages.
+/// tools (`info`, `fsck`) open. Any store through its address faults; a
+/// [`PoolWriter`] stores into pool pages through the view's write window
+/// (see [`Region::view`]).
 #[derive(Debug)]
 pub struct RegionView {
     path: PathBuf,
     /// For a view opened on its own: holds a shared lock, so that no Kfs
     /// opens the image while a tool reads it.
     _file: Option<File>,
+    /// What reads go through: read-only for good (or keyed), so that
+    /// the kernel may map it in huge pages and keep them mapped so.
     map: Arc<Mapping>,
+    /// What writes go through: a second mapping of the image whose pages
+    /// Kfs makes writable and read-only again, one pool's pages at a time,
+    /// mapped in small pages only (a protection change inside a huge
+    /// mapping splits it first). The same mapping as `map` for a keyed
+    /// view, whose protection never changes, and for a view opened on its
+    /// own, which nothing writes through.
+    window: Arc<Mapping>,
     mode: MapMode,
     flush: super::cpu::FlushInstr,
     /// The protection key of a [keyed view](Region::keyed_view): its page
@@ -393,7 +426,7 @@ impl PoolWriter<'_> {
     /// thread store anywhere in the view, so the library writes only
     /// through here, and only into its pool).
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.view.map.copy_in_nt(offset, data, self.view.flush)
+        self.view.window.copy_in_nt(offset, data, self.view.flush)
     }
 }
 
@@ -496,10 +529,12 @@ impl RegionView {
         lock(&file, path, FlockOperation::NonBlockingLockShared)?;
         let len = image_len(&file, path)?;
         let (map, mode) = map_file(&file, path, len, false)?;
+        let map = Arc::new(map);
         Ok(RegionView {
             path: path.into(),
             _file: Some(file),
-            map: Arc::new(map),
+            window: map.clone(),
+            map,
             mode,
             flush: super::cpu::FlushInstr::detect(),
             key: None,
@@ -548,7 +583,7 @@ impl RegionView {
     /// the populating thread's rights to the key).
     pub fn protector(&self) -> Option<Protector> {
         self.key.is_none().then(|| Protector {
-            map: self.map.clone(),
+            map: self.window.clone(),
         })
     }
 
@@ -588,12 +623,19 @@ impl RegionView {
         super::cpu::sfence();
     }
 
-    /// The virtual address of the mapping in this process. It is never
-    /// dereferenced by this crate outside the mapping module; it exists so
-    /// that tests can play a buggy application's stray store and check that
-    /// it faults.
+    /// The virtual address of the mapping reads go through, in this
+    /// process. It is never dereferenced by this crate outside the mapping
+    /// module; it exists so that tests can play a buggy application's stray
+    /// store and check that it faults.
     pub fn address(&self) -> usize {
         self.map.addr()
+    }
+
+    /// The virtual address of the mapping writes go through (the same as
+    /// [`RegionView::address`] for a keyed view and a view opened on its
+    /// own): for tests only, as there.
+    pub fn window_address(&self) -> usize {
+        self.window.addr()
     }
 }
 
@@ -773,6 +815,67 @@ mod tests {
             smaps_field(plain.map.addr(), "ProtectionKey:").as_deref(),
             Some("0")
         );
+    }
+
+    /// The read and write letters ("rw" or "r-") of the page at `addr`,
+    /// from `/proc/self/maps`.
+    fn perms(addr: usize) -> String {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .find_map(|l| {
+                let (range, rest) = l.split_once(' ')?;
+                let (a, b) = range.split_once('-')?;
+                let a = usize::from_str_radix(a, 16).ok()?;
+                let b = usize::from_str_radix(b, 16).ok()?;
+                (a <= addr && addr < b).then(|| rest[..2].to_owned())
+            })
+            .unwrap()
+    }
+
+    /// A plain view writes through a window of its own, whose pages the
+    /// protector changes, and reads through a mapping whose pages stay
+    /// read-only, and huge where the image is: the window's protection
+    /// changes never split the read mapping's huge pages.
+    #[test]
+    fn a_plain_views_reads_keep_their_mapping_while_its_write_window_changes() {
+        let dir = shm_dir();
+        let r = Region::create(&dir.path().join("img"), 4 << 20, false).unwrap();
+        let view = r.view().unwrap();
+        let (read, window) = (view.address(), view.window_address());
+        assert_ne!(read, window);
+        assert_eq!(window % crate::pm::HUGE_PAGE, 0);
+        let p = view.protector().unwrap();
+        p.set(3, 2, true).unwrap();
+        assert_eq!(perms(window + 3 * 4096), "rw");
+        assert_eq!(perms(read + 3 * 4096), "r-");
+        let data: Vec<u8> = (0..8192).map(|i| (i % 249) as u8).collect();
+        view.pool_writer().write(3 * 4096, &data).unwrap();
+        view.fence();
+        let mut back = vec![0; data.len()];
+        view.read(3 * 4096, &mut back).unwrap();
+        assert_eq!(back, data);
+        r.read(3 * 4096, &mut back).unwrap();
+        assert_eq!(back, data);
+        p.set(3, 2, false).unwrap();
+        assert_eq!(perms(window + 3 * 4096), "r-");
+        // A view opened on its own, which nothing writes through, has one.
+        drop(r);
+        let tool = RegionView::open(&dir.path().join("img")).unwrap();
+        assert_eq!(tool.address(), tool.window_address());
+        drop(tool);
+        let r = Region::open(&dir.path().join("img")).unwrap();
+        let view = r.view().unwrap();
+        let p = view.protector().unwrap();
+        p.set(3, 1, true).unwrap();
+        if !r.enable_huge_pages() || !r.make_huge(0, 4096) {
+            println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+            return;
+        }
+        p.set(5, 1, true).unwrap();
+        view.read(10 * 4096, &mut back).unwrap();
+        assert_eq!(pmd_mapped_kib(view.address()), 2048);
+        view.read(3 * 4096, &mut back).unwrap();
+        assert_eq!(back, data, "made huge, the bytes are the same");
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! path itself), `protect=strict|batched|off|keys` (the library's
 //! `Config::protection`), `huge` and `nohuge` (the log, index and data pages in huge
 //! pages, or not: `ServerConfig::huge_pages`; by default the library's
+//! choice, on), `ahead` (data chunks made huge ahead of the writes, not
+//! once they pause: `ServerConfig::huge_ahead`; by default the library's
 //! choice, on under `keys`), `size=SIZE` (the image's size,
 //! default 8G; the file is sparse), `image=PATH` (where to make it).
 
@@ -38,6 +40,7 @@ struct Options {
     direct: bool,
     protection: Protection,
     huge: Option<bool>,
+    ahead: Option<bool>,
     size: u64,
     image: PathBuf,
 }
@@ -50,6 +53,7 @@ impl Options {
             direct: true,
             protection: Protection::default(),
             huge: None,
+            ahead: None,
             size: 8 << 30,
             // One image per backend of a run: a run may list several.
             image: PathBuf::from(format!(
@@ -64,12 +68,13 @@ impl Options {
                 None if opt == "queued" => options.direct = false,
                 None if opt == "huge" => options.huge = Some(true),
                 None if opt == "nohuge" => options.huge = Some(false),
+                None if opt == "ahead" => options.ahead = Some(true),
                 Some(("protect", v)) => options.protection = v.parse()?,
                 Some(("size", v)) => options.size = kucofs_common::size::parse_size(v)?,
                 Some(("image", v)) => options.image = PathBuf::from(v),
                 _ => {
                     return Err(format!(
-                        "unknown option `{opt}` (expected queued, nohints, huge, nohuge, \
+                        "unknown option `{opt}` (expected queued, nohints, huge, nohuge, ahead, \
                          protect={}, size=SIZE or image=PATH)",
                         Protection::ALL.map(Protection::name).join("|")
                     ))
@@ -88,6 +93,7 @@ impl Options {
             ..Config::default()
         };
         config.server.huge_pages = self.huge;
+        config.server.huge_ahead = self.ahead;
         config
     }
 }
@@ -236,8 +242,9 @@ mod tests {
 
     #[test]
     fn options_are_parsed_in_any_order() {
-        let o = Options::parse("protect=batched+queued+size=64M+image=/tmp/x.img+nohints+huge")
-            .unwrap();
+        let o =
+            Options::parse("protect=batched+queued+size=64M+image=/tmp/x.img+nohints+huge+ahead")
+                .unwrap();
         assert_eq!(
             o,
             Options {
@@ -245,6 +252,7 @@ mod tests {
                 direct: false,
                 protection: Protection::Batched,
                 huge: Some(true),
+                ahead: Some(true),
                 size: 64 << 20,
                 image: PathBuf::from("/tmp/x.img"),
             }
@@ -253,6 +261,8 @@ mod tests {
         assert!(d.collaborative && d.direct && d.huge.is_none());
         assert_eq!(o.config().server.huge_pages, Some(true));
         assert_eq!(d.config().server.huge_pages, None);
+        assert_eq!(o.config().server.huge_ahead, Some(true));
+        assert_eq!(d.config().server.huge_ahead, None);
         let n = Options::parse("nohuge").unwrap();
         assert_eq!(n.config().server.huge_pages, Some(false));
         assert_eq!(d.protection, Protection::default());

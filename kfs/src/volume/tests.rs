@@ -409,7 +409,7 @@ fn let_the_batches_expire(v: &mut Volume) {
 /// The read and write letters ("rw" or "r-") of region page `page` in
 /// `view`, from `/proc/self/maps`.
 fn perms(view: &kucofs_common::pm::RegionView, page: u64) -> String {
-    let addr = view.address() + (page * 4096) as usize;
+    let addr = view.window_address() + (page * 4096) as usize;
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     maps.lines()
         .find_map(|l| {
@@ -952,15 +952,67 @@ fn chunks_granted_before_provisioning_reached_them_are_made_huge_after() {
     if !provision_everything(&v) {
         return;
     }
-    let region = v.image().region();
-    let chunk = 2u64 << 20;
+    assert_eq!(v.image().region().huge_bytes(), huge_in_the_end(&v));
+}
+
+/// The whole 2 MiB chunks of `v`'s region that provisioning makes huge
+/// in the end: the log's, and the data pages' (the region's last chunk
+/// may be cut short), as bytes.
+fn huge_in_the_end(v: &Volume) -> u64 {
+    let chunk = kucofs_common::pm::HUGE_PAGE as u64;
+    let len = v.image().region().len();
     let g = v.image().superblock().geometry;
     let mut huge: Vec<u64> = chunks_of(g.log).collect();
-    // Whole chunks only: the region's last may be cut short.
-    huge.extend(chunks_of(g.data).filter(|c| (c + 1) * chunk <= region.len()));
+    huge.extend(chunks_of(g.data).filter(|c| (c + 1) * chunk <= len));
     huge.sort_unstable();
     huge.dedup();
-    assert_eq!(region.huge_bytes(), huge.len() as u64 * chunk);
+    huge.len() as u64 * chunk
+}
+
+/// Without huge pages ahead of the grants, provisioning allocates the
+/// data pages ahead in small pages, and makes them huge only when told
+/// Kfs has been quiet: then one chunk at a time, a pace apart, or all at
+/// once when told so (as a settle does).
+#[test]
+fn without_huge_pages_ahead_data_pages_are_made_huge_only_once_kfs_is_quiet() {
+    use crate::provision::{Behind, BEHIND_PACE};
+    use rustix::fs::SeekFrom;
+    let (_dir, path, v) = volume();
+    if !enable_huge_pages(&v) {
+        return;
+    }
+    let region = v.image().region();
+    let g = v.image().superblock().geometry;
+    let mut p = v.provisioner();
+    p.set_huge_ahead(false);
+    p.set_behind(Behind::Hold);
+    while p.step() {}
+    if !region.can_make_huge() {
+        println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
+        return;
+    }
+    // Only the log's chunks are huge; the data pages ahead are allocated.
+    let log_chunks = chunks_of(g.log).count() as u64;
+    assert_eq!(region.huge_bytes(), log_chunks * (2 << 20));
+    let image = std::fs::File::open(&path).unwrap();
+    let hole = rustix::fs::seek(&image, SeekFrom::Hole(g.data.offset())).unwrap();
+    let ahead = crate::provision::AHEAD.min(g.data.len());
+    assert!(
+        hole >= g.data.offset() + ahead,
+        "data allocated up to {hole}"
+    );
+    assert!(!p.is_due(), "data made huge while Kfs was busy");
+    // Quiet: one chunk, then nothing until the pace has passed.
+    p.set_behind(Behind::Paced);
+    assert!(p.is_due());
+    assert!(p.step());
+    assert!(!p.is_due(), "a second chunk without waiting for the pace");
+    std::thread::sleep(BEHIND_PACE);
+    assert!(p.is_due());
+    // All at once: every data chunk ends huge.
+    p.set_behind(Behind::Now);
+    while p.step() {}
+    assert_eq!(region.huge_bytes(), huge_in_the_end(&v));
 }
 
 /// A run given back from a pool ([`Request::Unpool`]) becomes free pages:
