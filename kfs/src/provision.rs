@@ -171,6 +171,23 @@ impl Provisioner {
         self.behind = behind;
     }
 
+    /// True if a data chunk below those provisioned waits to be made huge
+    /// only for [`BEHIND_PACE`] to pass since the last: a sleeping Kfs
+    /// thread wakes for it no later than that.
+    pub fn waits_for_pace(&self) -> bool {
+        self.behind == Behind::Paced
+            && self.region.can_make_huge()
+            && self.behind_at.is_some_and(|t| t.elapsed() < BEHIND_PACE)
+            && self.data_done.max(self.granted()) > self.data_back
+    }
+
+    /// How far into the data pages grants have reached (a hint, as
+    /// `Pages::grant` says).
+    fn granted(&self) -> u64 {
+        let high = self.data_high.load(Ordering::Relaxed);
+        high.saturating_sub(self.data.start) * PAGE_SIZE
+    }
+
     /// True if a chunk is due: [`Provisioner::step`] would populate one.
     pub fn is_due(&self) -> bool {
         self.next().is_some()
@@ -224,9 +241,7 @@ impl Provisioner {
         if let Some((at, n)) = due(self.log_done, pos, self.log.len(), CHUNK) {
             return Some((Stream::Log, at, n));
         }
-        // Relaxed: a hint, as Pages::grant says.
-        let high = self.data_high.load(Ordering::Relaxed);
-        let at = high.saturating_sub(self.data.start) * PAGE_SIZE;
+        let at = self.granted();
         let huge = self.region.can_make_huge();
         let chunk = if huge && self.huge_ahead {
             HUGE_PAGE as u64

@@ -704,7 +704,12 @@ impl Server {
                         let _ = v.checkpoint_if_dirty();
                     }
                 }
-                let nap = self.keep_house_idle(last_direct.elapsed() < self.config.sleep);
+                let mut nap = self.keep_house_idle(last_direct.elapsed() < self.config.sleep);
+                let provision = self.nudge.provision.lock();
+                if provision.as_ref().is_some_and(Provisioner::waits_for_pace) {
+                    nap = nap.min(crate::provision::BEHIND_PACE);
+                }
+                drop(provision);
                 let clients = &self.clients;
                 let wanted = &self.nudge.wanted;
                 self.doorbell.sleep(nap, || {

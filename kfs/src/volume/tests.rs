@@ -1002,13 +1002,17 @@ fn without_huge_pages_ahead_data_pages_are_made_huge_only_once_kfs_is_quiet() {
         "data allocated up to {hole}"
     );
     assert!(!p.is_due(), "data made huge while Kfs was busy");
-    // Quiet: one chunk, then nothing until the pace has passed.
+    assert!(!p.waits_for_pace());
+    // Quiet: one chunk, then nothing until the pace has passed (a Kfs
+    // thread asleep wakes for it).
     p.set_behind(Behind::Paced);
     assert!(p.is_due());
     assert!(p.step());
     assert!(!p.is_due(), "a second chunk without waiting for the pace");
+    assert!(p.waits_for_pace());
     std::thread::sleep(BEHIND_PACE);
     assert!(p.is_due());
+    assert!(!p.waits_for_pace());
     // All at once: every data chunk ends huge.
     p.set_behind(Behind::Now);
     while p.step() {}
