@@ -3,7 +3,7 @@
 
 use std::io::{Read, Seek, SeekFrom, Write};
 
-use kucofs::{File, Fs, OpenOptions};
+use kucofs::{File, Fs, OpenOptions, Protection};
 
 mod support;
 
@@ -328,9 +328,9 @@ fn settle_leaves_just_written_data_in_huge_pages() {
     assert!(report.problems.is_empty(), "{report}");
 }
 
-/// By default huge pages are on whatever the protection mode (here it
-/// falls back to batched, which changes the view's protection page by
-/// page): a file written and then left alone comes to be held in huge
+/// By default huge pages are on whatever the protection mode, batched
+/// too, which changes the protection of the view's write window page by
+/// page: a file written and then left alone comes to be held in huge
 /// pages, which Kfs makes once nothing has been asked of it for a while,
 /// and reading it maps them huge in the library's view, whose reads go
 /// through a mapping no protection change splits.
@@ -339,6 +339,13 @@ fn by_default_a_file_left_alone_is_read_through_huge_mappings() {
     let Some((_d, path, fs)) = fresh() else {
         return;
     };
+    fs.close().unwrap();
+    let config = kucofs::Config {
+        protection: Protection::Batched,
+        ..kucofs::Config::default()
+    };
+    let fs = Fs::open_with(&path, config).unwrap();
+    assert_eq!(fs.protection(), Protection::Batched);
     let data = pattern(8 << 20, 9);
     fs.write("f", &data).unwrap();
     let f = File::open(&fs, "f").unwrap();

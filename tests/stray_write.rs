@@ -120,8 +120,10 @@ fn child_store_into_a_read_page() {
         buf == contents(),
         "child: the file's data is not what was written"
     );
+    // Through the mapping writes go through: the one whose protection
+    // Kfs changes (the mapping reads go through is never writable).
     let addr = f
-        .debug_page_address(TARGET)
+        .debug_window_address(TARGET)
         .expect("child: page address")
         .expect("child: the target byte is in a page");
     stray_store(addr);
@@ -129,7 +131,8 @@ fn child_store_into_a_read_page() {
 
 /// Makes a file system on `image`, opens it with `config`, waits `first`
 /// (the Kfs thread starts meanwhile), and writes the file; returns the
-/// open file system and the address of the target byte's page.
+/// open file system and the address of the target byte's page in the
+/// mapping the library's writes go through.
 fn write_fresh_file(image: &Path, config: Config, first: Duration) -> (Fs, usize) {
     kucofs_kfs::mkfs(image, 16 << 20, false).expect("child: mkfs");
     let fs = Fs::open_with(image, config).expect("child: open");
@@ -137,7 +140,7 @@ fn write_fresh_file(image: &Path, config: Config, first: Duration) -> (Fs, usize
     let f = File::create_new(&fs, FILE).expect("child: create the file");
     assert_eq!(f.write_at(&contents(), 0).unwrap(), LEN);
     let addr = f
-        .debug_page_address(TARGET)
+        .debug_window_address(TARGET)
         .expect("child: page address")
         .expect("child: the target byte is in a page");
     (fs, addr)

@@ -104,6 +104,13 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
         region.prefault(0, SMALL);
         let view = region.view().context("map a client view")?;
         view_touch(&view, SMALL);
+        // The changes below are made on the view's write window: map its
+        // pages first, as a writer's stores do, so that making them
+        // read-only has entries to change and translations to flush.
+        let window = view.protector().context("an unkeyed view's protector")?;
+        window.set(0, SMALL / PAGE, true)?;
+        window.populate(0, SMALL / PAGE);
+        window.set(0, SMALL / PAGE, false)?;
         let protect = |pages: u64, iters: u64| -> anyhow::Result<f64> {
             let p = view.protector().context("an unkeyed view's protector")?;
             let span = SMALL / PAGE - pages;

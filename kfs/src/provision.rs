@@ -160,7 +160,7 @@ impl Provisioner {
 
     /// Whether, with huge pages, the data chunks just ahead of the grants
     /// are made huge (on, the default) or only allocated in small pages,
-    /// to be made huge once writes pause ([`Provisioner::set_quiet`]).
+    /// to be made huge once writes pause ([`Provisioner::set_behind`]).
     pub fn set_huge_ahead(&mut self, on: bool) {
         self.huge_ahead = on;
     }
@@ -171,14 +171,12 @@ impl Provisioner {
         self.behind = behind;
     }
 
-    /// True if a data chunk below those provisioned waits to be made huge
-    /// only for [`BEHIND_PACE`] to pass since the last: a sleeping Kfs
-    /// thread wakes for it no later than that.
-    pub fn waits_for_pace(&self) -> bool {
-        self.behind == Behind::Paced
-            && self.region.can_make_huge()
-            && self.behind_at.is_some_and(|t| t.elapsed() < BEHIND_PACE)
-            && self.data_done.max(self.granted()) > self.data_back
+    /// True if, with huge pages, a data chunk below those provisioned may
+    /// still need making huge: whatever [`Behind`] says now, a sleeping
+    /// Kfs thread then wakes at least every [`BEHIND_PACE`], so that the
+    /// chunks are made soon once Kfs is quiet.
+    pub fn behind_pending(&self) -> bool {
+        self.region.can_make_huge() && self.data_done.max(self.granted()) > self.data_back
     }
 
     /// How far into the data pages grants have reached (a hint, as

@@ -397,12 +397,15 @@ impl Direct {
         let mut wake = volume.take_wake_kfs();
         if n.is_multiple_of(DIRECT_HOUSEKEEPING) {
             keep_house(volume, &self.stats);
-            // A provisioning Kfs thread holds the lock, and is awake.
-            wake |= self
-                .nudge
-                .provision
-                .try_lock()
-                .is_some_and(|p| p.as_ref().is_some_and(Provisioner::is_due));
+            // A provisioning Kfs thread holds the lock, and is awake. A
+            // request applied here means Kfs is not quiet: nothing is due
+            // behind the writes.
+            wake |= self.nudge.provision.try_lock().is_some_and(|mut p| {
+                p.as_mut().is_some_and(|p| {
+                    p.set_behind(Behind::Hold);
+                    p.is_due()
+                })
+            });
         }
         let changes = volume.take_protection_changes();
         if changes.is_empty() {
@@ -567,18 +570,23 @@ impl Kfs {
 
     /// Does now, on the calling thread, the provisioning that is due: the
     /// index and the log populated ahead of use, the data pages allocated
-    /// ahead of the grants (with huge pages enabled: made huge pages ahead
-    /// of the grants and behind them), and a chunk the kernel
-    /// would not make huge asked for again if its wait is over (see
-    /// [`ServerConfig::huge_pages`]). The Kfs thread does this while idle,
-    /// a step at a time; this takes the provisioning for one step at a
-    /// time too, so the Kfs thread can serve requests in between. Once Kfs
-    /// has stopped there is nothing to do.
+    /// ahead of the grants, with huge pages enabled every data chunk below
+    /// made huge (those ahead too, with [`ServerConfig::huge_ahead`]) as
+    /// the Kfs thread would once quiet, but without its pace, and a chunk
+    /// the kernel would not make huge asked for again if its wait is over
+    /// (see [`ServerConfig::huge_pages`]). The Kfs thread does this while
+    /// idle, a step at a time; this takes the provisioning for one step at
+    /// a time too, so the Kfs thread can serve requests in between. Once
+    /// Kfs has stopped there is nothing to do.
     pub fn provision(&self) {
         while self.nudge.provision.lock().as_mut().is_some_and(|p| {
             p.set_behind(Behind::Now);
             p.step()
         }) {}
+        // The Kfs thread decides again at its next step.
+        if let Some(p) = self.nudge.provision.lock().as_mut() {
+            p.set_behind(Behind::Hold);
+        }
     }
 
     /// Bytes of the region and the index held in huge pages (see
@@ -706,7 +714,7 @@ impl Server {
                 }
                 let mut nap = self.keep_house_idle(last_direct.elapsed() < self.config.sleep);
                 let provision = self.nudge.provision.lock();
-                if provision.as_ref().is_some_and(Provisioner::waits_for_pace) {
+                if provision.as_ref().is_some_and(Provisioner::behind_pending) {
                     nap = nap.min(crate::provision::BEHIND_PACE);
                 }
                 drop(provision);

@@ -602,13 +602,27 @@ impl File {
     }
 
     /// The address, in this process, of the start of the region page that
-    /// holds file byte `offset` in this handle's read-only view; `None` for
-    /// a hole. Only for tests that play a buggy application's stray store
-    /// (DESIGN §11): this crate never dereferences it, and a store through
-    /// it must fault outside the protection mode's writable window.
+    /// holds file byte `offset` in the mapping this handle reads through,
+    /// which is never writable; `None` for a hole. Only for tests that
+    /// play a buggy application's stray store (DESIGN §11): this crate
+    /// never dereferences it, and a store through it must fault.
     #[doc(hidden)]
     pub fn debug_page_address(&self, offset: u64) -> io::Result<Option<usize>> {
-        let base = self.fs.region.address();
+        self.page_address(self.fs.region.address(), offset)
+    }
+
+    /// [`File::debug_page_address`] in the mapping this process's writes
+    /// go through (the same mapping under protection keys): a store
+    /// through it must fault outside the protection mode's writable
+    /// window.
+    #[doc(hidden)]
+    pub fn debug_window_address(&self, offset: u64) -> io::Result<Option<usize>> {
+        self.page_address(self.fs.region.window_address(), offset)
+    }
+
+    /// The address of the page holding file byte `offset` in a mapping of
+    /// the region at `base`; `None` for a hole.
+    fn page_address(&self, base: usize, offset: u64) -> io::Result<Option<usize>> {
         self.fs.with_index(|r| {
             let e = MapReader::of_inode(r.mem(), self.inode).entry(offset / PAGE);
             (e != 0).then(|| base + (entry_page(e) * PAGE) as usize)

@@ -337,7 +337,7 @@ impl Inner {
         // copy into one stalls that copy.
         if let Some(&(next, _)) = pool.last() {
             self.region
-                .prefetch(next * kucofs_common::format::PAGE_SIZE);
+                .prefetch_for_write(next * kucofs_common::format::PAGE_SIZE);
         }
         Ok(out)
     }

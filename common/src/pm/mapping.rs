@@ -163,7 +163,38 @@ impl Mapping {
         prot: ProtFlags,
         flags: MapFlags,
     ) -> rustix::io::Result<Mapping> {
-        let span = len.checked_add(HUGE_PAGE).ok_or(rustix::io::Errno::NOMEM)?;
+        Mapping::map_skewed(fd, len, prot, flags, 0)
+    }
+
+    /// Maps `len` bytes of `fd` from its start with `prot` and `flags`
+    /// (shared), at an address one small page past a multiple of
+    /// [`HUGE_PAGE`]: the kernel then maps every page of it small, on any
+    /// kernel, even where the file is held in huge pages (a huge mapping
+    /// needs the address and the file offset to agree modulo its size).
+    /// For a mapping whose protection changes a run of pages at a time,
+    /// where a change inside a huge mapping would split it first.
+    pub(super) fn map_small(
+        fd: BorrowedFd<'_>,
+        len: usize,
+        prot: ProtFlags,
+        flags: MapFlags,
+    ) -> rustix::io::Result<Mapping> {
+        Mapping::map_skewed(fd, len, prot, flags, 4096)
+    }
+
+    /// [`Mapping::map_aligned`], the mapping placed `skew` bytes (a
+    /// multiple of 4096, less than [`HUGE_PAGE`]) past the boundary.
+    fn map_skewed(
+        fd: BorrowedFd<'_>,
+        len: usize,
+        prot: ProtFlags,
+        flags: MapFlags,
+        skew: usize,
+    ) -> rustix::io::Result<Mapping> {
+        debug_assert!(skew.is_multiple_of(4096) && skew < HUGE_PAGE);
+        let span = len
+            .checked_add(HUGE_PAGE + skew)
+            .ok_or(rustix::io::Errno::NOMEM)?;
         // SAFETY: a fresh inaccessible anonymous mapping chosen by the kernel
         // (null hint) aliases nothing; this function owns it until it is
         // replaced or unmapped below.
@@ -175,7 +206,7 @@ impl Mapping {
                 MapFlags::PRIVATE | MapFlags::NORESERVE,
             )
         }?;
-        let head = (base as usize).next_multiple_of(HUGE_PAGE) - base as usize;
+        let head = (base as usize).next_multiple_of(HUGE_PAGE) - base as usize + skew;
         let at = base.cast::<u8>().wrapping_add(head);
         // SAFETY: `[at, at + len)` lies inside the reservation just made,
         // which nothing else uses; MAP_FIXED replaces that part of it.
@@ -193,7 +224,7 @@ impl Mapping {
             let _ = unsafe { rustix::mm::munmap(base, head) };
         }
         // SAFETY: the slack after `at + len` is the rest of the reservation.
-        let _ = unsafe { rustix::mm::munmap(at.wrapping_add(len).cast(), HUGE_PAGE - head) };
+        let _ = unsafe { rustix::mm::munmap(at.wrapping_add(len).cast(), span - head - len) };
         let ptr = NonNull::new(at).ok_or(rustix::io::Errno::NOMEM)?;
         Ok(Mapping {
             ptr,
@@ -551,24 +582,6 @@ impl Mapping {
                 .sum();
             u64::from(chunks) * HUGE_PAGE as u64
         })
-    }
-
-    /// Asks the kernel to map this mapping in small pages only, even where
-    /// the file is held in huge pages (`MADV_NOHUGEPAGE`): for a mapping
-    /// whose protection changes a run of pages at a time, where each
-    /// change inside a huge mapping would split it first. A hint: false if
-    /// the kernel refused it.
-    pub(super) fn small_pages_only(&self) -> bool {
-        // SAFETY: the range is exactly this live mapping; the advice
-        // changes how the kernel maps it, never what it holds.
-        unsafe {
-            rustix::mm::madvise(
-                self.at(0).cast(),
-                self.len,
-                rustix::mm::Advice::LinuxNoHugepage,
-            )
-        }
-        .is_ok()
     }
 
     /// Makes the whole mapping readable and writable in its page tables

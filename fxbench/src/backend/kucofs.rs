@@ -8,9 +8,9 @@
 //! path itself), `protect=strict|batched|off|keys` (the library's
 //! `Config::protection`), `huge` and `nohuge` (the log, index and data pages in huge
 //! pages, or not: `ServerConfig::huge_pages`; by default the library's
-//! choice, on), `ahead` (data chunks made huge ahead of the writes, not
-//! once they pause: `ServerConfig::huge_ahead`; by default the library's
-//! choice, on under `keys`), `size=SIZE` (the image's size,
+//! choice, on), `ahead` and `noahead` (data chunks made huge ahead of the
+//! writes, or once they pause: `ServerConfig::huge_ahead`; by default the
+//! library's choice, ahead under `keys`), `size=SIZE` (the image's size,
 //! default 8G; the file is sparse), `image=PATH` (where to make it).
 
 use std::collections::BTreeMap;
@@ -69,12 +69,13 @@ impl Options {
                 None if opt == "huge" => options.huge = Some(true),
                 None if opt == "nohuge" => options.huge = Some(false),
                 None if opt == "ahead" => options.ahead = Some(true),
+                None if opt == "noahead" => options.ahead = Some(false),
                 Some(("protect", v)) => options.protection = v.parse()?,
                 Some(("size", v)) => options.size = kucofs_common::size::parse_size(v)?,
                 Some(("image", v)) => options.image = PathBuf::from(v),
                 _ => {
                     return Err(format!(
-                        "unknown option `{opt}` (expected queued, nohints, huge, nohuge, ahead, \
+                        "unknown option `{opt}` (expected queued, nohints, huge, nohuge, ahead, noahead, \
                          protect={}, size=SIZE or image=PATH)",
                         Protection::ALL.map(Protection::name).join("|")
                     ))
@@ -263,6 +264,8 @@ mod tests {
         assert_eq!(d.config().server.huge_pages, None);
         assert_eq!(o.config().server.huge_ahead, Some(true));
         assert_eq!(d.config().server.huge_ahead, None);
+        let n = Options::parse("noahead").unwrap();
+        assert_eq!(n.config().server.huge_ahead, Some(false));
         let n = Options::parse("nohuge").unwrap();
         assert_eq!(n.config().server.huge_pages, Some(false));
         assert_eq!(d.protection, Protection::default());
