@@ -112,7 +112,7 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
         window.populate(0, SMALL / PAGE);
         window.set(0, SMALL / PAGE, false)?;
         let protect = |pages: u64, iters: u64| -> anyhow::Result<f64> {
-            let p = view.protector().context("an unkeyed view's protector")?;
+            let p = &window;
             let span = SMALL / PAGE - pages;
             let mut i = 0;
             let per_call = ns_per(iters, || {

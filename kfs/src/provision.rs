@@ -29,11 +29,12 @@
 //! at once when asked (see [`Behind`]): a chunk made huge under a writer
 //! unmaps the writer's pages, and on a fresh image, making chunks huge as
 //! fast as the writers outran provisioning kept the Kfs thread busy
-//! clearing memory and the writer faulting. Random 4 KiB overwrites of a
-//! 256 MiB file on a fresh image (RNDWR, batched, alternating single runs)
-//! went from 0.91–1.21× tmpfs with huge pages off to 1.29–1.43× this way,
-//! where huge pages ahead had made them 0.31×; random reads of it, made
-//! huge behind once written, from 2.30–2.50× to 2.57–2.84×.
+//! clearing memory and the writer faulting: random 4 KiB overwrites of a
+//! 256 MiB file under batched protection made 0.31× tmpfs in a first
+//! round, against 0.89× with huge pages off. Made behind, they are level
+//! with huge pages off on a fresh image (four alternating single runs
+//! each: 1.45–1.59× and 1.28–1.62×), and random reads of the file, made
+//! huge once written, went from 2.30–2.50× to 2.57–2.84× (three each).
 //!
 //! A chunk the kernel would not make huge when asked, for a reason of the
 //! moment (no huge page free, a page of it busy), is asked for again once
@@ -101,10 +102,7 @@ pub struct Provisioner {
     /// With huge pages: the data chunks just ahead of the grants are made
     /// huge too, not only allocated ([`Provisioner::set_huge_ahead`]).
     huge_ahead: bool,
-    /// Whether the chunks writers outran may be made huge now
-    /// ([`Provisioner::set_behind`]).
-    behind: Behind,
-    /// When the last of them was.
+    /// When a chunk below those provisioned ahead was last made huge.
     behind_at: Option<Instant>,
 }
 
@@ -153,22 +151,15 @@ impl Provisioner {
             data_back: 0,
             retried: None,
             huge_ahead: true,
-            behind: Behind::Now,
             behind_at: None,
         }
     }
 
     /// Whether, with huge pages, the data chunks just ahead of the grants
     /// are made huge (on, the default) or only allocated in small pages,
-    /// to be made huge once writes pause ([`Provisioner::set_behind`]).
+    /// to be made huge once writes pause (see [`Behind`]).
     pub fn set_huge_ahead(&mut self, on: bool) {
         self.huge_ahead = on;
-    }
-
-    /// Says when the data chunks below those provisioned ahead may be
-    /// made huge (see [`Behind`]); [`Behind::Now`] unless set otherwise.
-    pub fn set_behind(&mut self, behind: Behind) {
-        self.behind = behind;
     }
 
     /// True if, with huge pages, a data chunk below those provisioned may
@@ -176,7 +167,21 @@ impl Provisioner {
     /// Kfs thread then wakes at least every [`BEHIND_PACE`], so that the
     /// chunks are made soon once Kfs is quiet.
     pub fn behind_pending(&self) -> bool {
-        self.region.can_make_huge() && self.data_done.max(self.granted()) > self.data_back
+        self.region.can_make_huge() && self.behind() > 0
+    }
+
+    /// With huge pages, whether the data chunks just ahead of the grants
+    /// are made huge.
+    fn ahead_huge(&self) -> bool {
+        self.huge_ahead && self.region.can_make_huge()
+    }
+
+    /// The bytes of data pages below those provisioned or granted so far
+    /// that were not gone over to be made huge, from `data_back`.
+    fn behind(&self) -> u64 {
+        self.data_done
+            .max(self.granted())
+            .saturating_sub(self.data_back)
     }
 
     /// How far into the data pages grants have reached (a hint, as
@@ -186,15 +191,17 @@ impl Provisioner {
         high.saturating_sub(self.data.start) * PAGE_SIZE
     }
 
-    /// True if a chunk is due: [`Provisioner::step`] would populate one.
-    pub fn is_due(&self) -> bool {
-        self.next().is_some()
+    /// True if a chunk is due: [`Provisioner::step`] would populate one,
+    /// given `behind`.
+    pub fn is_due(&self, behind: Behind) -> bool {
+        self.next(behind).is_some()
     }
 
-    /// Populates one chunk ahead of use, if any is due; false if all is
+    /// Populates one chunk ahead of use, if any is due, the data chunks
+    /// below those ahead made huge as `behind` says; false if all is
     /// provisioned.
-    pub fn step(&mut self) -> bool {
-        let Some((stream, at, n)) = self.next() else {
+    pub fn step(&mut self, behind: Behind) -> bool {
+        let Some((stream, at, n)) = self.next(behind) else {
             return false;
         };
         match stream {
@@ -207,7 +214,7 @@ impl Provisioner {
                 self.log_done = at + n;
             }
             Stream::Data => {
-                if self.huge_ahead && self.region.can_make_huge() {
+                if self.ahead_huge() {
                     self.region.make_huge(self.data.offset() + at, n);
                 } else {
                     self.region.touch(self.data.offset() + at, n);
@@ -230,7 +237,7 @@ impl Provisioner {
 
     /// The chunk to provision next, in the order index, log, data: its
     /// stream, its offset in that stream's space, and its length.
-    fn next(&self) -> Option<(Stream, u64, u64)> {
+    fn next(&self, behind: Behind) -> Option<(Stream, u64, u64)> {
         let used = self.index.load_u64(HDR_USED, Ordering::Relaxed);
         if let Some((at, n)) = due(self.index_done, used, self.index.len(), CHUNK) {
             return Some((Stream::Index, at, n));
@@ -240,8 +247,7 @@ impl Provisioner {
             return Some((Stream::Log, at, n));
         }
         let at = self.granted();
-        let huge = self.region.can_make_huge();
-        let chunk = if huge && self.huge_ahead {
+        let chunk = if self.ahead_huge() {
             HUGE_PAGE as u64
         } else {
             CHUNK
@@ -249,17 +255,14 @@ impl Provisioner {
         if let Some((at, n)) = due(self.data_done, at, self.data.len(), chunk) {
             return Some((Stream::Data, at, n));
         }
-        let behind = match self.behind {
+        let now = match behind {
             Behind::Hold => false,
             Behind::Paced => self.behind_at.is_none_or(|t| t.elapsed() >= BEHIND_PACE),
             Behind::Now => true,
         };
-        if huge && behind {
-            // Everything below what was provisioned or granted so far.
-            let behind = self.data_done.max(at).saturating_sub(self.data_back);
-            if behind > 0 {
-                return Some((Stream::Behind, self.data_back, behind.min(HUGE_PAGE as u64)));
-            }
+        if now && self.behind_pending() {
+            let n = self.behind().min(HUGE_PAGE as u64);
+            return Some((Stream::Behind, self.data_back, n));
         }
         // The index may have huge pages where the region has none. The
         // clock is read only when a chunk waits: this runs at every idle

@@ -400,12 +400,11 @@ impl Direct {
             // A provisioning Kfs thread holds the lock, and is awake. A
             // request applied here means Kfs is not quiet: nothing is due
             // behind the writes.
-            wake |= self.nudge.provision.try_lock().is_some_and(|mut p| {
-                p.as_mut().is_some_and(|p| {
-                    p.set_behind(Behind::Hold);
-                    p.is_due()
-                })
-            });
+            wake |= self
+                .nudge
+                .provision
+                .try_lock()
+                .is_some_and(|p| p.as_ref().is_some_and(|p| p.is_due(Behind::Hold)));
         }
         let changes = volume.take_protection_changes();
         if changes.is_empty() {
@@ -579,14 +578,13 @@ impl Kfs {
     /// a time too, so the Kfs thread can serve requests in between. Once
     /// Kfs has stopped there is nothing to do.
     pub fn provision(&self) {
-        while self.nudge.provision.lock().as_mut().is_some_and(|p| {
-            p.set_behind(Behind::Now);
-            p.step()
-        }) {}
-        // The Kfs thread decides again at its next step.
-        if let Some(p) = self.nudge.provision.lock().as_mut() {
-            p.set_behind(Behind::Hold);
-        }
+        while self
+            .nudge
+            .provision
+            .lock()
+            .as_mut()
+            .is_some_and(|p| p.step(Behind::Now))
+        {}
     }
 
     /// Bytes of the region and the index held in huge pages (see
@@ -688,24 +686,28 @@ impl Server {
             }
             // Nothing queued: make pages ready ahead of use, a chunk at a
             // time (direct requests keep allocating while Kfs is idle).
-            let behind = if last_work.elapsed().min(last_direct.elapsed()) >= QUIET {
+            let idle = last_work.elapsed();
+            let quiet = idle.min(last_direct.elapsed());
+            let behind = if quiet >= QUIET {
                 Behind::Paced
             } else {
                 Behind::Hold
             };
-            if self.nudge.provision.lock().as_mut().is_some_and(|p| {
-                p.set_behind(behind);
-                p.step()
-            }) {
+            if self
+                .nudge
+                .provision
+                .lock()
+                .as_mut()
+                .is_some_and(|p| p.step(behind))
+            {
                 continue;
             }
-            let idle = last_work.elapsed();
             if idle < self.config.spin {
                 std::hint::spin_loop();
             } else if idle < self.config.yield_for {
                 std::thread::yield_now();
             } else {
-                if idle.min(last_direct.elapsed()) >= self.config.idle_checkpoint {
+                if quiet >= self.config.idle_checkpoint {
                     if let Some(v) = self.volume.lock().as_mut() {
                         // Best effort: a failed idle checkpoint is retried
                         // when the log fills.
@@ -713,11 +715,10 @@ impl Server {
                     }
                 }
                 let mut nap = self.keep_house_idle(last_direct.elapsed() < self.config.sleep);
-                let provision = self.nudge.provision.lock();
-                if provision.as_ref().is_some_and(Provisioner::behind_pending) {
+                let p = &self.nudge.provision;
+                if p.lock().as_ref().is_some_and(Provisioner::behind_pending) {
                     nap = nap.min(crate::provision::BEHIND_PACE);
                 }
-                drop(provision);
                 let clients = &self.clients;
                 let wanted = &self.nudge.wanted;
                 self.doorbell.sleep(nap, || {

@@ -37,6 +37,21 @@ pub const HUGE_PAGE: usize = 2 << 20;
 /// copying what it holds into them. The libc crate does not name it.
 const MADV_COLLAPSE: libc::c_int = 25;
 
+/// Where [`Mapping::map_placed`] puts a mapping. The kernel maps a huge
+/// page only where the address and the file offset agree modulo its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Placement {
+    /// At a multiple of [`HUGE_PAGE`], so that the kernel can map every
+    /// aligned 2 MiB of the file that its page cache holds in one huge
+    /// page.
+    Huge,
+    /// One small page past such a multiple, so that every kernel maps it
+    /// in small pages, even where the file is held in huge pages: for a
+    /// mapping whose protection changes a run of pages at a time, where a
+    /// change inside a huge mapping would split it first.
+    Small,
+}
+
 /// An owned `mmap` of an image or shared segment; unmapped on drop.
 #[derive(Debug)]
 pub(super) struct Mapping {
@@ -152,46 +167,21 @@ unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Maps `len` bytes of `fd` from its start with `prot` and `flags`
-    /// (shared), at an address that is a multiple of [`HUGE_PAGE`]: the
-    /// kernel maps a huge page only where the address and the file offset
-    /// agree modulo its size. The mapping is made inside a reservation of
-    /// `len + HUGE_PAGE` inaccessible bytes, and the reservation's slack on
-    /// either side is returned.
-    pub(super) fn map_aligned(
+    /// (shared), placed as `placement` says. The mapping is made inside a
+    /// reservation of inaccessible bytes (`len`, a [`HUGE_PAGE`] for the
+    /// alignment, and the small page of [`Placement::Small`]), and the
+    /// reservation's slack on either side is returned.
+    pub(super) fn map_placed(
         fd: BorrowedFd<'_>,
         len: usize,
         prot: ProtFlags,
         flags: MapFlags,
+        placement: Placement,
     ) -> rustix::io::Result<Mapping> {
-        Mapping::map_skewed(fd, len, prot, flags, 0)
-    }
-
-    /// Maps `len` bytes of `fd` from its start with `prot` and `flags`
-    /// (shared), at an address one small page past a multiple of
-    /// [`HUGE_PAGE`]: the kernel then maps every page of it small, on any
-    /// kernel, even where the file is held in huge pages (a huge mapping
-    /// needs the address and the file offset to agree modulo its size).
-    /// For a mapping whose protection changes a run of pages at a time,
-    /// where a change inside a huge mapping would split it first.
-    pub(super) fn map_small(
-        fd: BorrowedFd<'_>,
-        len: usize,
-        prot: ProtFlags,
-        flags: MapFlags,
-    ) -> rustix::io::Result<Mapping> {
-        Mapping::map_skewed(fd, len, prot, flags, 4096)
-    }
-
-    /// [`Mapping::map_aligned`], the mapping placed `skew` bytes (a
-    /// multiple of 4096, less than [`HUGE_PAGE`]) past the boundary.
-    fn map_skewed(
-        fd: BorrowedFd<'_>,
-        len: usize,
-        prot: ProtFlags,
-        flags: MapFlags,
-        skew: usize,
-    ) -> rustix::io::Result<Mapping> {
-        debug_assert!(skew.is_multiple_of(4096) && skew < HUGE_PAGE);
+        let skew = match placement {
+            Placement::Huge => 0,
+            Placement::Small => 4096,
+        };
         let span = len
             .checked_add(HUGE_PAGE + skew)
             .ok_or(rustix::io::Errno::NOMEM)?;

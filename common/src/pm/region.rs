@@ -16,7 +16,7 @@ use rustix::io::Errno;
 use rustix::mm::{MapFlags, ProtFlags};
 
 use super::keys;
-use super::mapping::{on_tmpfs, Mapping, Media};
+use super::mapping::{on_tmpfs, Mapping, Media, Placement};
 use super::persist::{Hardware, Persist};
 use crate::{Error, Result};
 
@@ -135,7 +135,7 @@ impl Region {
     }
 
     fn map(path: &Path, file: File, len: u64, persist: Arc<dyn Persist>) -> Result<Region> {
-        let (map, mode) = map_file(&file, path, len, true, Pages::Huge)?;
+        let (map, mode) = map_file(&file, path, len, true, Placement::Huge)?;
         let region = Region {
             path: path.into(),
             _file: file,
@@ -360,7 +360,7 @@ impl Region {
             .write(true)
             .open(&self.path)
             .map_err(|e| Error::io("open image", &self.path, e))?;
-        let (map, mode) = map_file(&file, &self.path, self.len(), false, Pages::Huge)?;
+        let (map, mode) = map_file(&file, &self.path, self.len(), false, Placement::Huge)?;
         let map = Arc::new(map);
         let window = match key {
             Some(key) => {
@@ -369,7 +369,7 @@ impl Region {
                 map.clone()
             }
             None => {
-                let (window, _) = map_file(&file, &self.path, self.len(), false, Pages::Small)?;
+                let (window, _) = map_file(&file, &self.path, self.len(), false, Placement::Small)?;
                 Arc::new(window)
             }
         };
@@ -530,7 +530,7 @@ impl RegionView {
             .map_err(|e| Error::io("open image", path, e))?;
         lock(&file, path, FlockOperation::NonBlockingLockShared)?;
         let len = image_len(&file, path)?;
-        let (map, mode) = map_file(&file, path, len, false, Pages::Huge)?;
+        let (map, mode) = map_file(&file, path, len, false, Placement::Huge)?;
         let map = Arc::new(map);
         Ok(RegionView {
             path: path.into(),
@@ -727,15 +727,6 @@ fn device_len(file: &File, path: &Path) -> Result<u64> {
         })
 }
 
-/// How [`map_file`] places a mapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pages {
-    /// On a huge-page boundary, so that the kernel may map it huge.
-    Huge,
-    /// Off it, so that the kernel maps it small ([`Mapping::map_small`]).
-    Small,
-}
-
 /// Maps `len` bytes of `file`: with `MAP_SYNC` when the kernel accepts it for
 /// this file (DAX), else as an ordinary shared mapping.
 fn map_file(
@@ -743,7 +734,7 @@ fn map_file(
     path: &Path,
     len: u64,
     writable: bool,
-    pages: Pages,
+    placement: Placement,
 ) -> Result<(Mapping, MapMode)> {
     let len = usize::try_from(len).map_err(|_| Error::Unusable {
         path: path.into(),
@@ -754,21 +745,18 @@ fn map_file(
     } else {
         ProtFlags::READ
     };
-    let map = match pages {
-        Pages::Huge => Mapping::map_aligned,
-        Pages::Small => Mapping::map_small,
-    };
-    let sync = map(
+    let sync = Mapping::map_placed(
         file.as_fd(),
         len,
         prot,
         MapFlags::SHARED_VALIDATE | MapFlags::SYNC,
+        placement,
     );
     let (mut map, mode) = match sync {
         Ok(m) => (m, MapMode::Dax),
         // Not DAX (EOPNOTSUPP), or a kernel without MAP_SYNC (EINVAL).
         Err(Errno::OPNOTSUPP | Errno::INVAL) => {
-            let m = map(file.as_fd(), len, prot, MapFlags::SHARED)
+            let m = Mapping::map_placed(file.as_fd(), len, prot, MapFlags::SHARED, placement)
                 .map_err(|e| Error::io("map image", path, e.into()))?;
             (m, MapMode::Emulated)
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 use rustix::mm::{MapFlags, ProtFlags};
 
-use super::mapping::{on_tmpfs, Mapping, WordOp};
+use super::mapping::{on_tmpfs, Mapping, Placement, WordOp};
 use crate::{Error, Result};
 
 /// Read access to shared words, as the index readers need it: loads that
@@ -64,8 +64,14 @@ fn map_fd(fd: BorrowedFd<'_>, name: &str, len: u64, writable: bool) -> Result<Ma
     } else {
         ProtFlags::READ
     };
-    let mut map = Mapping::map_aligned(fd, n, prot, MapFlags::SHARED | MapFlags::NORESERVE)
-        .map_err(|e| Error::io("map shared memory", name, e.into()))?;
+    let mut map = Mapping::map_placed(
+        fd,
+        n,
+        prot,
+        MapFlags::SHARED | MapFlags::NORESERVE,
+        Placement::Huge,
+    )
+    .map_err(|e| Error::io("map shared memory", name, e.into()))?;
     if writable && on_tmpfs(fd) {
         map.allow_huge();
     }

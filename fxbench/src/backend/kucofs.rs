@@ -264,8 +264,8 @@ mod tests {
         assert_eq!(d.config().server.huge_pages, None);
         assert_eq!(o.config().server.huge_ahead, Some(true));
         assert_eq!(d.config().server.huge_ahead, None);
-        let n = Options::parse("noahead").unwrap();
-        assert_eq!(n.config().server.huge_ahead, Some(false));
+        let no_ahead = Options::parse("noahead").unwrap();
+        assert_eq!(no_ahead.config().server.huge_ahead, Some(false));
         let n = Options::parse("nohuge").unwrap();
         assert_eq!(n.config().server.huge_pages, Some(false));
         assert_eq!(d.protection, Protection::default());

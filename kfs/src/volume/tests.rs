@@ -6,6 +6,7 @@ use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
 
 use super::*;
+use crate::provision::Behind;
 
 const ME: Caller = Caller {
     client: 0,
@@ -821,7 +822,7 @@ fn enable_huge_pages(v: &Volume) -> bool {
 /// if the kernel makes no huge pages of tmpfs.
 fn provision_everything(v: &Volume) -> bool {
     let mut p = v.provisioner();
-    while p.step() {}
+    while p.step(Behind::Now) {}
     let made = v.image().region().can_make_huge();
     if !made {
         println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
@@ -840,7 +841,7 @@ fn provisioning_with_a_failed_chunk(v: &Volume) -> Option<crate::provision::Prov
     let region = v.image().region();
     region.fail_next_huge();
     let mut p = v.provisioner();
-    while !region.huge_retry_due() && p.step() {}
+    while !region.huge_retry_due() && p.step(Behind::Now) {}
     if !region.can_make_huge() {
         println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
         return None;
@@ -863,7 +864,7 @@ fn provisioning_allocates_the_data_pages_ahead_of_the_grants() {
     // Fresh: the data pages are a hole (tmpfs reports holes).
     assert_eq!(hole_at(data.offset()), data.offset());
     let mut p = v.provisioner();
-    while p.step() {}
+    while p.step(Behind::Now) {}
     assert!(!v.image().region().can_make_huge());
     let ahead = crate::provision::AHEAD.min(data.len());
     let hole = hole_at(data.offset());
@@ -883,7 +884,7 @@ fn provisioning_asks_again_for_a_chunk_the_kernel_would_not_make_huge() {
     let Some(mut p) = provisioning_with_a_failed_chunk(&v) else {
         return;
     };
-    while p.step() {}
+    while p.step(Behind::Now) {}
     let region = v.image().region();
     assert!(
         !region.huge_retry_due(),
@@ -907,13 +908,13 @@ fn a_retry_of_a_chunk_the_kernel_would_not_make_huge_waits_for_the_last() {
     // The next chunk asked for fails too: another of those still due, or
     // the first retry. Either way one retry happened and one chunk waits.
     region.fail_next_huge();
-    while p.step() {}
+    while p.step(Behind::Now) {}
     assert!(region.huge_retry_due());
-    assert!(!p.is_due(), "a retry did not wait for the last");
+    assert!(!p.is_due(Behind::Now), "a retry did not wait for the last");
     let before = region.huge_bytes();
     std::thread::sleep(crate::provision::RETRY_FIRST);
-    assert!(p.is_due());
-    assert!(p.step());
+    assert!(p.is_due(Behind::Now));
+    assert!(p.step(Behind::Now));
     assert_eq!(region.huge_bytes(), before + (2 << 20));
 }
 
@@ -975,7 +976,7 @@ fn huge_in_the_end(v: &Volume) -> u64 {
 /// once when told so (as a settle does).
 #[test]
 fn without_huge_pages_ahead_data_pages_are_made_huge_only_once_kfs_is_quiet() {
-    use crate::provision::{Behind, BEHIND_PACE};
+    use crate::provision::BEHIND_PACE;
     use rustix::fs::SeekFrom;
     let (_dir, path, v) = volume();
     if !enable_huge_pages(&v) {
@@ -985,8 +986,7 @@ fn without_huge_pages_ahead_data_pages_are_made_huge_only_once_kfs_is_quiet() {
     let g = v.image().superblock().geometry;
     let mut p = v.provisioner();
     p.set_huge_ahead(false);
-    p.set_behind(Behind::Hold);
-    while p.step() {}
+    while p.step(Behind::Hold) {}
     if !region.can_make_huge() {
         println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
         return;
@@ -1001,17 +1001,16 @@ fn without_huge_pages_ahead_data_pages_are_made_huge_only_once_kfs_is_quiet() {
         hole >= g.data.offset() + ahead,
         "data allocated up to {hole}"
     );
-    assert!(!p.is_due(), "data made huge while Kfs was busy");
+    assert!(!p.is_due(Behind::Hold), "data made huge while Kfs was busy");
     assert!(p.behind_pending(), "a sleeping Kfs thread would not wake");
     // Quiet: a chunk at a time, a pace apart (the first may be the log's,
     // huge already), until one is made.
-    p.set_behind(Behind::Paced);
     let before = region.huge_bytes();
     for _ in 0..4 {
-        assert!(p.is_due());
-        assert!(p.step());
+        assert!(p.is_due(Behind::Paced));
+        assert!(p.step(Behind::Paced));
         let stepped = std::time::Instant::now();
-        let again = p.is_due();
+        let again = p.is_due(Behind::Paced);
         if stepped.elapsed() < BEHIND_PACE / 2 {
             assert!(!again, "a second chunk without waiting for the pace");
         }
@@ -1028,8 +1027,7 @@ fn without_huge_pages_ahead_data_pages_are_made_huge_only_once_kfs_is_quiet() {
         "{grown} bytes made huge"
     );
     // All at once: every data chunk ends huge.
-    p.set_behind(Behind::Now);
-    while p.step() {}
+    while p.step(Behind::Now) {}
     assert_eq!(region.huge_bytes(), huge_in_the_end(&v));
     assert!(!p.behind_pending());
 }
