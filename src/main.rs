@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use kucofs_common::pm::{Hardware, Space};
 use kucofs_common::size::{format_size, parse_size};
 
 #[derive(Debug, Parser)]
@@ -30,6 +32,12 @@ enum Command {
         /// Overwrite IMAGE if it exists.
         #[arg(long)]
         force: bool,
+        /// Leave a new image file sparse: its data pages take memory as
+        /// they come into use, instead of all of it now (the default
+        /// reserves it, as a device has it, and fails now if there is no
+        /// room for it).
+        #[arg(long)]
+        sparse: bool,
     },
     /// Show an image's geometry, space, log fill and state, without changing it.
     Info {
@@ -45,8 +53,19 @@ enum Command {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Mkfs { image, size, force } => {
-            let sb = kucofs_kfs::mkfs(&image, size, force).context("mkfs")?;
+        Command::Mkfs {
+            image,
+            size,
+            force,
+            sparse,
+        } => {
+            let space = if sparse {
+                Space::Sparse
+            } else {
+                Space::Reserved
+            };
+            let persist = Arc::new(Hardware::new());
+            let sb = kucofs_kfs::mkfs_with(&image, size, force, space, persist).context("mkfs")?;
             let g = sb.geometry;
             println!(
                 "made a {} KucoFS on {}: {} data pages ({}), log {}, checkpoint {}",

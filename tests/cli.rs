@@ -1,6 +1,8 @@
 //! The `kucofs` command as a user runs it: mkfs and info on images under
 //! `/dev/shm`, and the one-sentence errors for everything that can go wrong.
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -89,6 +91,47 @@ fn mkfs_refusals_are_one_sentence() {
     let o = kucofs(&["mkfs", p(&img), "--size", "lots"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("does not start with a number"));
+}
+
+#[test]
+fn mkfs_reserves_an_images_memory_and_refuses_an_image_without_room() {
+    let dir = shm_dir();
+    let img = dir.path().join("r.img");
+    assert!(kucofs(&["mkfs", p(&img), "--size", "8M"]).status.success());
+    let text = stdout(&kucofs(&["info", p(&img)]));
+    assert!(
+        text.contains("memory:       8.0 MiB of 8.0 MiB allocated (reserved)"),
+        "{text}"
+    );
+    let img = dir.path().join("s.img");
+    let o = kucofs(&["mkfs", p(&img), "--size", "8M", "--sparse"]);
+    assert!(o.status.success(), "{o:?}");
+    let text = stdout(&kucofs(&["info", p(&img)]));
+    assert!(text.contains("of 8.0 MiB allocated (sparse"), "{text}");
+
+    let Some(small) = support::SmallTmpfs::mount(16) else {
+        return;
+    };
+    let img = small.path().join("big.img");
+    assert_refused(
+        &kucofs(&["mkfs", p(&img), "--size", "64M"]),
+        "too few for the 67108864 bytes the image needs now (free some room there, or make a smaller or sparse image)",
+    );
+    // Nothing is left behind: neither the file nor the room it took.
+    assert!(!img.exists());
+    let o = kucofs(&["mkfs", p(&img), "--size", "12M"]);
+    assert!(o.status.success(), "{o:?}");
+    // A sparse image reserves its metadata (3/16 of it) only: 12 MiB of a
+    // 64 MiB one, which the 4 MiB left cannot hold; then, it fits.
+    let sparse = small.path().join("sparse.img");
+    let o = kucofs(&["mkfs", p(&sparse), "--size", "64M", "--sparse"]);
+    assert_refused(&o, "too few for the 12");
+    assert!(!sparse.exists());
+    std::fs::remove_file(&img).unwrap();
+    let o = kucofs(&["mkfs", p(&sparse), "--size", "64M", "--sparse"]);
+    assert!(o.status.success(), "{o:?}");
+    let text = stdout(&kucofs(&["info", p(&sparse)]));
+    assert!(text.contains("of 64.0 MiB allocated (sparse"), "{text}");
 }
 
 #[test]

@@ -331,3 +331,67 @@ fn the_last_thread_fills_every_free_page(lead: usize) {
     });
     close_and_fsck(fs, &image);
 }
+
+/// A 16 MiB tmpfs mounted for the test (unmounted when dropped), and where
+/// an image on it goes; `None` (the test skips) where it cannot be.
+fn on_small_tmpfs() -> Option<(support::SmallTmpfs, std::path::PathBuf)> {
+    let small = support::SmallTmpfs::mount(16)?;
+    let image = small.path().join("img");
+    Some((small, image))
+}
+
+/// An image whose memory the file system under it has no room for is not
+/// made: `ENOSPC` now, rather than a process killed by `SIGBUS` when a
+/// write reaches a page there is no memory for.
+#[test]
+fn an_image_is_not_made_where_its_memory_has_no_room() {
+    let Some((_small, image)) = on_small_tmpfs() else {
+        return;
+    };
+    let e = Fs::create(&image, 64 << 20).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
+    assert!(e.to_string().contains("too few"), "{e}");
+    assert!(!image.exists());
+    let fs = Fs::create(&image, 8 << 20).unwrap();
+    fs.write("f", pattern(1, 0, 1 << 20)).unwrap();
+    assert_contents(&fs, "f", 1, 1 << 20);
+    close_and_fsck(fs, &image);
+}
+
+/// A sparse image larger than the room of the file system under it: its
+/// metadata has its memory from the start, and a write that needs memory
+/// the file system has no room for fails with `ENOSPC` (the process is
+/// not killed); what was written stays, and the image is fsck-clean.
+#[test]
+fn a_sparse_image_refuses_writes_cleanly_once_its_file_system_is_full() {
+    let Some((_small, image)) = on_small_tmpfs() else {
+        return;
+    };
+    let fs = Fs::create_sparse(&image, 64 << 20).unwrap();
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .open(&fs, "a")
+        .unwrap();
+    let mut written = 0u64;
+    let e = loop {
+        match f.write_at(&pattern(1, written, CHUNK), written) {
+            Ok(n) => written += n as u64,
+            Err(e) => break e,
+        }
+        assert!(
+            written <= 16 << 20,
+            "wrote {written} bytes on a 16 MiB tmpfs"
+        );
+    };
+    assert!(is_enospc(&e), "a write with no memory left: {e}");
+    // The file system itself had room for more: the memory ran out first.
+    assert!(written > 0 && written < 16 << 20, "{written}");
+    drop(f);
+    assert_contents(&fs, "a", 1, written);
+    // Freed pages keep their memory, and are written again.
+    fs.remove_file("a").unwrap();
+    fs.write("b", pattern(2, 0, 1 << 20)).unwrap();
+    assert_contents(&fs, "b", 2, 1 << 20);
+    close_and_fsck(fs, &image);
+}

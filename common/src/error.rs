@@ -37,6 +37,13 @@ pub enum Error {
     /// `mkfs` would overwrite an existing image.
     #[error("{path} already exists (pass --force to overwrite it)")]
     Exists { path: PathBuf },
+    /// Memory for an image could not be reserved: the file system holding
+    /// it has too little room.
+    #[error(
+        "{path}: the file system it is on has {free} bytes free, too few for the \
+         {size} bytes the image needs now (free some room there, or make a smaller or sparse image)"
+    )]
+    NoSpace { path: PathBuf, size: u64, free: u64 },
     /// An image is empty or is not a regular file, block device or DAX device.
     #[error("{path}: {why}")]
     Unusable { path: PathBuf, why: String },
@@ -58,6 +65,7 @@ impl Error {
                 libc::EINVAL
             }
             Error::Exists { .. } => libc::EEXIST,
+            Error::NoSpace { .. } => libc::ENOSPC,
         }
     }
 

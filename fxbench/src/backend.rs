@@ -181,7 +181,7 @@ pub const KINDS: &[Kind] = &[
     },
     Kind {
         name: "kucofs",
-        usage: "kucofs[:queued+nohints+huge+nohuge+ahead+noahead+protect=strict|batched|off|keys+size=SIZE+image=PATH]",
+        usage: "kucofs[:queued+nohints+huge+nohuge+ahead+noahead+sparse+protect=strict|batched|off|keys+size=SIZE+image=PATH]",
         about: "KucoFS with Kfs embedded, on a fresh image under /dev/shm",
         open: KucofsBackend::open_boxed,
     },

@@ -9,7 +9,7 @@ use kucofs_common::format::{
     scan_log_with, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault,
     FORMAT_VERSION, PAGE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
-use kucofs_common::pm::{Hardware, MapMode, Persist, Region, RegionView};
+use kucofs_common::pm::{Hardware, MapMode, Persist, Region, RegionView, Space};
 use kucofs_common::proto::Creds;
 use kucofs_common::size::format_size;
 
@@ -34,16 +34,25 @@ pub struct Image {
 
 /// Formats `path` as an empty KucoFS of `size` bytes (rounded down to whole
 /// pages) and returns its superblock. Refuses an existing file unless
-/// `force`, and sizes outside the format's range.
+/// `force`, and sizes outside the format's range. A new file's memory is
+/// reserved ([`Space::Reserved`]).
 pub fn mkfs(path: &Path, size: u64, force: bool) -> Result<Superblock> {
-    mkfs_with(path, size, force, Arc::new(Hardware::new()))
+    mkfs_with(
+        path,
+        size,
+        force,
+        Space::Reserved,
+        Arc::new(Hardware::new()),
+    )
 }
 
-/// [`mkfs`] with a chosen persistence backend.
+/// [`mkfs`] with a chosen space for a file (see [`Space`]) and
+/// persistence backend.
 pub fn mkfs_with(
     path: &Path,
     size: u64,
     force: bool,
+    space: Space,
     persist: Arc<dyn Persist>,
 ) -> Result<Superblock> {
     let geometry = Geometry::for_size(size).map_err(|e| match e {
@@ -62,7 +71,16 @@ pub fn mkfs_with(
             why: why.into(),
         },
     })?;
-    let region = Region::create_with(path, geometry.size, force, persist)?;
+    let existed = path.exists();
+    let region = Region::create_with(path, geometry.size, force, space, persist)?;
+    if let Err(e) = reserve_metadata(&region, &geometry) {
+        // Leave no half-made image behind, nor the room it took.
+        drop(region);
+        if !existed {
+            let _ = std::fs::remove_file(path);
+        }
+        return Err(e);
+    }
     // A reused device (or a file that kept its blocks) may hold an old
     // image: clear the superblock pages, the log (old entries must never
     // replay) and the bitmap. Checkpoint slots need no clearing: none is
@@ -182,6 +200,16 @@ pub(crate) fn select_superblock(
     Ok(chosen)
 }
 
+/// Gives a sparse image's superblocks, log, checkpoint slots and bitmap
+/// their memory (see [`Space`]), all the pages before the data pages
+/// (about 3/16 of the image): Kfs stores to them, and a store to a page
+/// the file system under the image has no room for would kill the
+/// process. Grants reserve the data pages they hand out.
+fn reserve_metadata(region: &Region, g: &Geometry) -> Result<()> {
+    region.reserve(0, g.data.offset())?;
+    Ok(())
+}
+
 impl Image {
     /// Opens and validates an image for exclusive use: both superblock
     /// copies are checked and the newer valid one is used.
@@ -194,6 +222,7 @@ impl Image {
         let region = Region::open_with(path, persist)?;
         let (superblock, copy) =
             select_superblock(path, region.len(), |off, buf| region.read(off, buf))?;
+        reserve_metadata(&region, &superblock.geometry)?;
         Ok(Image {
             region: Arc::new(region),
             superblock,
@@ -260,6 +289,9 @@ pub struct ImageReport {
     pub log_bytes: u64,
     /// How the image maps.
     pub mode: MapMode,
+    /// Bytes of memory (or blocks) an image file has allocated; `None`
+    /// for a device, which has all of its own.
+    pub allocated: Option<u64>,
 }
 
 /// Reads an image without changing it and reports on it. Fails while a Kfs
@@ -313,7 +345,16 @@ pub fn inspect(path: &Path) -> Result<ImageReport> {
         log_entries,
         log_bytes,
         mode: view.mode(),
+        allocated: allocated(path),
     })
+}
+
+/// The bytes of memory (or blocks) the image file at `path` has; `None`
+/// for a device, or if it cannot be told.
+fn allocated(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    meta.is_file().then(|| meta.blocks().saturating_mul(512))
 }
 
 impl fmt::Display for ImageReport {
@@ -348,6 +389,19 @@ impl fmt::Display for ImageReport {
             g.size,
             format_size(self.image_len)
         )?;
+        if let Some(have) = self.allocated {
+            let what = if have >= self.image_len {
+                "reserved"
+            } else {
+                "sparse: data pages take memory as they come into use"
+            };
+            writeln!(
+                f,
+                "memory:       {} of {} allocated ({what})",
+                format_size(have.min(self.image_len)),
+                format_size(self.image_len),
+            )?;
+        }
         writeln!(
             f,
             "state:        {}",

@@ -19,6 +19,6 @@ pub mod volume;
 
 pub use error::{Error, Result};
 pub use fsck::{fsck, FsckReport};
-pub use image::{inspect, mkfs, Image, ImageReport};
+pub use image::{inspect, mkfs, mkfs_with, Image, ImageReport};
 pub use server::{Client, Direct, Kfs, ServerConfig, StatsSnapshot};
 pub use volume::{Caller, Volume, WarmEntry, Warmer};

@@ -5,6 +5,7 @@ use std::path::Path;
 /// A fresh directory under `/dev/shm` named `prefix...`, where a test keeps
 /// its images; `None` (after printing why the test is skipped) on a machine
 /// without `/dev/shm`.
+#[allow(dead_code)] // Not every test binary keeps its images there.
 pub fn shm_dir(prefix: &str) -> Option<tempfile::TempDir> {
     if !Path::new("/dev/shm").is_dir() {
         println!("SKIPPED: /dev/shm does not exist; these tests keep their images there");
@@ -43,5 +44,63 @@ pub struct SetOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
 impl Drop for SetOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A tmpfs of a few MiB mounted on a temporary directory for the test's
+/// life (unmounted when dropped), where a file system runs out of room
+/// at once.
+#[allow(dead_code)] // Not every test binary needs one.
+pub struct SmallTmpfs {
+    dir: tempfile::TempDir,
+}
+
+#[allow(dead_code)]
+impl SmallTmpfs {
+    /// Mounts one of `mib` MiB; `None` (after printing why the test is
+    /// skipped) where this process may not mount file systems.
+    pub fn mount(mib: u32) -> Option<SmallTmpfs> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            println!("SKIPPED: mounting a small tmpfs needs root");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+        let target = c(dir.path().to_str().expect("a UTF-8 path"));
+        let (fstype, data) = (c("tmpfs"), c(&format!("size={mib}m")));
+        // SAFETY: every pointer is to a NUL-terminated string that outlives
+        // the call.
+        let rc = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            let why = std::io::Error::last_os_error();
+            println!("SKIPPED: cannot mount a small tmpfs: {why}");
+            return None;
+        }
+        Some(SmallTmpfs { dir })
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.dir.path().to_str().unwrap_or_default());
+        if let Ok(target) = target {
+            // SAFETY: a NUL-terminated path that outlives the call; a
+            // detached unmount never blocks on open files.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
     }
 }

@@ -417,9 +417,22 @@ pub struct Fs {
 
 impl Fs {
     /// Makes a new file system of `size` bytes in `image` (which must not
-    /// exist yet) and opens it.
+    /// exist yet) and opens it. An image file has all its memory reserved
+    /// now, as a device has it: `ENOSPC` if the file system under it has
+    /// no room for it (see [`Fs::create_sparse`]).
     pub fn create(image: impl AsRef<Path>, size: u64) -> io::Result<Fs> {
         kucofs_kfs::mkfs(image.as_ref(), size, false).map_err(kfs_err)?;
+        Fs::open(image)
+    }
+
+    /// [`Fs::create`], leaving a new image file sparse: its pages take
+    /// memory at their first write, as they are used, rather than all of
+    /// it at once (see [`Space`](kucofs_common::pm::Space)); for an image
+    /// much larger than what it will hold.
+    pub fn create_sparse(image: impl AsRef<Path>, size: u64) -> io::Result<Fs> {
+        let persist = Arc::new(kucofs_common::pm::Hardware::new());
+        let space = kucofs_common::pm::Space::Sparse;
+        kucofs_kfs::mkfs_with(image.as_ref(), size, false, space, persist).map_err(kfs_err)?;
         Fs::open(image)
     }
 

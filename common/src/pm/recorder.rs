@@ -302,12 +302,12 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::pm::Region;
+    use crate::pm::{Region, Space};
 
     fn region(dir: &tempfile::TempDir) -> (Region, Arc<Recorder>) {
         let rec = Arc::new(Recorder::new());
-        let r =
-            Region::create_with(&dir.path().join("img"), 64 * 1024, false, rec.clone()).unwrap();
+        let path = dir.path().join("img");
+        let r = Region::create_with(&path, 64 * 1024, false, Space::Reserved, rec.clone()).unwrap();
         (r, rec)
     }
 

@@ -568,7 +568,8 @@ impl Volume {
             };
             let share = (self.pages.free_pages() / POOL_SHARE).max(1);
             let cap = want.min(share);
-            match self.pages.grant(h, cap, !lowest_ready) {
+            let granted = self.pages.grant(h, cap, !lowest_ready);
+            match granted.and_then(|(s, n)| self.reserve_granted(caller, s, n)) {
                 Ok(g) => break (g, lowest_ready, cap),
                 Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES => return Err(e),
                 Err(_) => {
@@ -591,7 +592,8 @@ impl Volume {
         let mut total = n;
         let more = lowest_ready && matches!(protection, Protection::Off | Protection::Keys);
         while more && count < runs.len() && total < cap {
-            let Ok(g) = self.pages.grant(h, cap - total, false) else {
+            let granted = self.pages.grant(h, cap - total, false);
+            let Ok(g) = granted.and_then(|(s, n)| self.reserve_granted(caller, s, n)) else {
                 break;
             };
             runs[count] = g;
@@ -941,9 +943,26 @@ impl Volume {
         }
     }
 
-    /// Takes back a grant whose pages could not be made writable: they go
-    /// back to the free ones ([`Volume::protection_failed`] has counted
-    /// them as not known in the caller's view).
+    /// Gives the `n` pages from `start` just granted to `caller` their
+    /// memory, if the image is sparse, before the client may store to
+    /// them: a store to a page the file system under the image has no room
+    /// for would kill the client. Where the room runs out, the grant is cut
+    /// short (the rest goes back); with none, it fails (`ENOSPC`).
+    fn reserve_granted(&mut self, caller: Caller, start: u64, n: u64) -> Result<(u64, u64), Errno> {
+        let (got, why) = reserve_prefix(self.image.region(), start, n);
+        if got < n {
+            self.undo_grant(caller, start + got, n - got);
+        }
+        match got {
+            0 => Err(why.unwrap_or(Errno::ENOSPC)),
+            _ => Ok((start, got)),
+        }
+    }
+
+    /// Takes back a grant whose pages could not be made writable, or
+    /// given memory: they go back to the free ones
+    /// ([`Volume::protection_failed`] has counted those not made writable
+    /// as not known in the caller's view).
     fn undo_grant(&mut self, caller: Caller, start: u64, n: u64) {
         let _ = self.pages.unpool(holder(caller), start, n);
     }
@@ -965,6 +984,23 @@ impl Volume {
             false => Ok(()),
         }
     }
+}
+
+/// How many of the `n` pages from page `s` have their memory now (see
+/// [`Region::reserve`](kucofs_common::pm::Region::reserve)): all of
+/// them, or where the file system under a sparse image has too little
+/// room, the longest prefix found by halving, and why the rest has not.
+fn reserve_prefix(region: &kucofs_common::pm::Region, s: u64, n: u64) -> (u64, Option<Errno>) {
+    let mut want = n;
+    let mut why = None;
+    while want > 0 {
+        match region.reserve(s * PAGE, want * PAGE) {
+            Ok(()) => return (want, why),
+            Err(e) => why = Some(Errno(e.errno())),
+        }
+        want /= 2;
+    }
+    (0, why)
 }
 
 fn holder(caller: Caller) -> Holder {

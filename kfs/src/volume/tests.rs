@@ -35,6 +35,19 @@ fn volume_of(bytes: u64) -> (tempfile::TempDir, std::path::PathBuf, Volume) {
     (dir, path, v)
 }
 
+/// A fresh volume on a sparse image of `bytes`, whose data pages take
+/// memory as they are provisioned or granted.
+fn sparse_volume_of(bytes: u64) -> (tempfile::TempDir, std::path::PathBuf, Volume) {
+    use kucofs_common::pm::{Hardware, Space};
+    let dir = shm_dir();
+    let path = dir.path().join("img");
+    let persist = std::sync::Arc::new(Hardware::new());
+    crate::mkfs_with(&path, bytes, false, Space::Sparse, persist).unwrap();
+    let v = Volume::open(&path).unwrap();
+    assert!(!v.image().region().is_reserved());
+    (dir, path, v)
+}
+
 /// Opens (creating) `path` for writing.
 fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Reply {
     v.handle(
@@ -850,29 +863,29 @@ fn provisioning_with_a_failed_chunk(v: &Volume) -> Option<crate::provision::Prov
     Some(p)
 }
 
-/// Without huge pages, provisioning has the image allocate the data pages
-/// just ahead of the grants, where a grant of fresh pages goes next, so
-/// that the client does not wait for the kernel to allocate and clear
-/// them when it maps them into its view.
+/// Without huge pages, provisioning has a sparse image allocate the data
+/// pages just ahead of the grants, where a grant of fresh pages goes
+/// next, so that the client does not wait for the kernel to allocate and
+/// clear them when it maps them into its view.
 #[test]
 fn provisioning_allocates_the_data_pages_ahead_of_the_grants() {
-    use rustix::fs::SeekFrom;
-    let (_dir, path, v) = volume_of(128 << 20);
+    let (_dir, path, v) = sparse_volume_of(128 << 20);
     let data = v.image().superblock().geometry.data;
-    let image = std::fs::File::open(&path).unwrap();
-    let hole_at = |at: u64| rustix::fs::seek(&image, SeekFrom::Hole(at)).unwrap();
-    // Fresh: the data pages are a hole (tmpfs reports holes).
-    assert_eq!(hole_at(data.offset()), data.offset());
+    // Fresh: the pages before the data pages have their memory, and the
+    // data pages none.
+    assert_eq!(allocated(&path), data.offset());
     let mut p = v.provisioner();
     while p.step(Behind::Now) {}
     assert!(!v.image().region().can_make_huge());
     let ahead = crate::provision::AHEAD.min(data.len());
-    let hole = hole_at(data.offset());
-    assert!(
-        hole >= data.offset() + ahead,
-        "data allocated up to {} bytes in, not {ahead}",
-        hole - data.offset()
-    );
+    let got = allocated(&path) - data.offset();
+    assert!(got >= ahead, "{got} bytes of data allocated, not {ahead}");
+}
+
+/// The bytes of memory the image file at `path` has.
+fn allocated(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks() * 512
 }
 
 /// A chunk the kernel would not make huge when provisioning asked, for a
@@ -977,8 +990,7 @@ fn huge_in_the_end(v: &Volume) -> u64 {
 #[test]
 fn without_huge_pages_ahead_data_pages_are_made_huge_only_once_kfs_is_quiet() {
     use crate::provision::BEHIND_PACE;
-    use rustix::fs::SeekFrom;
-    let (_dir, path, v) = volume();
+    let (_dir, path, v) = sparse_volume_of(16 << 20);
     if !enable_huge_pages(&v) {
         return;
     }
@@ -994,13 +1006,9 @@ fn without_huge_pages_ahead_data_pages_are_made_huge_only_once_kfs_is_quiet() {
     // Only the log's chunks are huge; the data pages ahead are allocated.
     let log_chunks = chunks_of(g.log).count() as u64;
     assert_eq!(region.huge_bytes(), log_chunks * (2 << 20));
-    let image = std::fs::File::open(&path).unwrap();
-    let hole = rustix::fs::seek(&image, SeekFrom::Hole(g.data.offset())).unwrap();
     let ahead = crate::provision::AHEAD.min(g.data.len());
-    assert!(
-        hole >= g.data.offset() + ahead,
-        "data allocated up to {hole}"
-    );
+    let got = allocated(&path) - g.data.offset();
+    assert!(got >= ahead, "{got} bytes of data allocated, not {ahead}");
     assert!(!p.is_due(Behind::Hold), "data made huge while Kfs was busy");
     assert!(p.behind_pending(), "a sleeping Kfs thread would not wake");
     // Quiet: a chunk at a time, a pace apart (the first may be the log's,
