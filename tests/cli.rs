@@ -115,7 +115,7 @@ fn mkfs_reserves_an_images_memory_and_refuses_an_image_without_room() {
     let img = small.path().join("big.img");
     assert_refused(
         &kucofs(&["mkfs", p(&img), "--size", "64M"]),
-        "too few for the 67108864 bytes the image needs now (free some room there, or make a smaller or sparse image)",
+        "too few for the 67108864 bytes the image needs now (free some room there; a new image can be made smaller or sparse)",
     );
     // Nothing is left behind: neither the file nor the room it took.
     assert!(!img.exists());

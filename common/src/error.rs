@@ -41,7 +41,7 @@ pub enum Error {
     /// it has too little room.
     #[error(
         "{path}: the file system it is on has {free} bytes free, too few for the \
-         {size} bytes the image needs now (free some room there, or make a smaller or sparse image)"
+         {size} bytes the image needs now (free some room there; a new image can be made smaller or sparse)"
     )]
     NoSpace { path: PathBuf, size: u64, free: u64 },
     /// An image is empty or is not a regular file, block device or DAX device.

@@ -73,14 +73,27 @@ pub fn mkfs_with(
     })?;
     let existed = path.exists();
     let region = Region::create_with(path, geometry.size, force, space, persist)?;
-    if let Err(e) = reserve_metadata(&region, &geometry) {
-        // Leave no half-made image behind, nor the room it took.
+    let made = format(&region, path, geometry);
+    if made.is_err() {
+        // Leave no half-made image behind, nor the memory it took (one
+        // that was there before is gone already: `force`).
         drop(region);
         if !existed {
             let _ = std::fs::remove_file(path);
+        } else if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .and_then(|f| f.set_len(0));
         }
-        return Err(e);
     }
+    made
+}
+
+/// Lays out an empty file system of `geometry` in `region`, just made at
+/// `path`, and returns its superblock.
+fn format(region: &Region, path: &Path, geometry: Geometry) -> Result<Superblock> {
+    reserve_metadata(region, &geometry)?;
     // A reused device (or a file that kept its blocks) may hold an old
     // image: clear the superblock pages, the log (old entries must never
     // replay) and the bitmap. Checkpoint slots need no clearing: none is
@@ -105,7 +118,7 @@ pub fn mkfs_with(
         uid: rustix::process::geteuid().as_raw(),
         gid: rustix::process::getegid().as_raw(),
     };
-    crate::volume::initial_checkpoint(&region, &geometry, root).map_err(|e| {
+    crate::volume::initial_checkpoint(region, &geometry, root).map_err(|e| {
         kucofs_common::Error::Unusable {
             path: path.into(),
             why: format!("writing the first checkpoint failed: {e}"),
@@ -122,7 +135,7 @@ pub fn mkfs_with(
         checkpoint: Some(CheckpointRef { slot: 0, seq: 1 }),
         log_seq: 1,
     };
-    write_superblock(&region, &superblock)?;
+    write_superblock(region, &superblock)?;
     Ok(superblock)
 }
 

@@ -425,10 +425,13 @@ impl Fs {
         Fs::open(image)
     }
 
-    /// [`Fs::create`], leaving a new image file sparse: its pages take
-    /// memory at their first write, as they are used, rather than all of
-    /// it at once (see [`Space`](kucofs_common::pm::Space)); for an image
-    /// much larger than what it will hold.
+    /// [`Fs::create`], leaving a new image file sparse: its data pages
+    /// take memory as Kfs hands them out (a grant with no room for them
+    /// fails with `ENOSPC`), rather than all of it at once; its
+    /// superblocks, log, checkpoint slots and bitmap (about 3/16 of it)
+    /// take theirs when it is made or opened (see
+    /// [`Space`](kucofs_common::pm::Space)). For an image much larger than
+    /// what it will hold.
     pub fn create_sparse(image: impl AsRef<Path>, size: u64) -> io::Result<Fs> {
         let persist = Arc::new(kucofs_common::pm::Hardware::new());
         let space = kucofs_common::pm::Space::Sparse;

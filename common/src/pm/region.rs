@@ -144,7 +144,8 @@ impl Region {
             }
         } else {
             // Truncating to zero first drops the old contents, so the new
-            // image reads as zeros and stays sparse.
+            // image reads as zeros (and without its memory reserved, is
+            // sparse).
             let made = file
                 .set_len(0)
                 .and_then(|()| file.set_len(size))
@@ -758,15 +759,19 @@ fn lock(file: &File, path: &Path, op: FlockOperation) -> Result<()> {
 const LOCK_TRIES: u32 = 25;
 
 /// Allocates the memory (or blocks) of `[offset, offset + len)` of the
-/// image file at `path`, within its size. A file system that cannot
-/// allocate ahead leaves the file as it is.
+/// image file at `path`, within its size, [`RESERVE_STEP`] bytes a call.
+/// A file system that cannot allocate ahead leaves the file as it is.
 fn reserve(file: &File, path: &Path, offset: u64, len: u64) -> Result<()> {
     use rustix::fs::{fallocate, FallocateFlags};
-    loop {
-        match fallocate(file, FallocateFlags::empty(), offset, len) {
-            Ok(()) | Err(Errno::OPNOTSUPP) => return Ok(()),
-            // tmpfs gives up (and gives back what it took) when a signal
-            // arrives: start again, the signal handled.
+    let end = offset.saturating_add(len);
+    let mut at = offset;
+    while at < end {
+        let n = (end - at).min(RESERVE_STEP);
+        match fallocate(file, FallocateFlags::empty(), at, n) {
+            Ok(()) => at += n,
+            Err(Errno::OPNOTSUPP) => return Ok(()),
+            // tmpfs gives up (and gives back what the call took) when a
+            // signal arrives: that step again, the signal handled.
             Err(Errno::INTR) => continue,
             Err(Errno::NOSPC) => {
                 // What an unprivileged user may still take there.
@@ -782,7 +787,13 @@ fn reserve(file: &File, path: &Path, offset: u64, len: u64) -> Result<()> {
             Err(e) => return Err(Error::io("reserve memory for", path, e.into())),
         }
     }
+    Ok(())
 }
+
+/// The most [`reserve`] asks for in one call: a call that a signal cuts
+/// short is made again from its start, so a large image is reserved in
+/// steps that each finish however often signals come.
+const RESERVE_STEP: u64 = 64 << 20;
 
 /// True if `file`, `len` bytes long, has memory (or blocks) for all of
 /// them: a device always; a regular file by its allocated block count.

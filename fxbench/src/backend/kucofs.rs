@@ -28,6 +28,33 @@ use kucofs_ulib::{Config, Fs, Protection};
 use super::{Backend, FileHandle, OpenOptions, ServerCounters};
 use crate::error::{Error, Result};
 
+/// Where a backend's image goes unless `image=` says, and how its name
+/// starts (the process id and a count follow).
+const IMAGE_DIR: &str = "/dev/shm";
+const IMAGE_PREFIX: &str = "fxbench-kucofs-";
+
+/// Removes the images of earlier runs, by their default names, whose
+/// process is gone: a run that was killed could not remove its own, and
+/// each holds all of its memory until it is removed.
+fn remove_orphaned_images() {
+    let Ok(dir) = std::fs::read_dir(IMAGE_DIR) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(IMAGE_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let gone = !Path::new(&format!("/proc/{pid}")).exists();
+        if gone && pid != std::process::id() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// KucoFS on an image of its own.
 #[derive(Debug)]
 pub struct KucofsBackend {
@@ -65,7 +92,7 @@ impl Options {
             sparse: false,
             // One image per backend of a run: a run may list several.
             image: PathBuf::from(format!(
-                "/dev/shm/fxbench-kucofs-{}-{}.img",
+                "{IMAGE_DIR}/{IMAGE_PREFIX}{}-{}.img",
                 std::process::id(),
                 NEXT_IMAGE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             )),
@@ -118,6 +145,7 @@ impl KucofsBackend {
         let options = Options::parse(arg).map_err(bad)?;
         let config = options.config();
         let image = options.image;
+        remove_orphaned_images();
         // A leftover image of an earlier, killed run with this name.
         let _ = std::fs::remove_file(&image);
         let made = if options.sparse {
@@ -131,6 +159,8 @@ impl KucofsBackend {
                 Fs::open_with(&image, config)
             })
             .map_err(|e| {
+                // Made but not opened: its memory is not left behind.
+                let _ = std::fs::remove_file(&image);
                 bad(format!(
                     "cannot make a file system in {}: {e}",
                     image.display()
@@ -300,6 +330,31 @@ mod tests {
         assert!(msg.contains("unknown option `fast`"), "{msg}");
         assert!(msg.contains("protect=strict|batched|off|keys"), "{msg}");
         assert!(Options::parse("size=lots").is_err());
+    }
+
+    #[test]
+    fn images_left_by_runs_whose_process_is_gone_are_removed() {
+        let path = |pid: u32| Path::new(IMAGE_DIR).join(format!("{IMAGE_PREFIX}{pid}-0.img"));
+        // No process has an id this high (the kernel's most is 2^22).
+        let (gone, alive) = (path(99_999_999), path(1));
+        if !Path::new("/proc/1").exists() || !Path::new(IMAGE_DIR).is_dir() {
+            println!("SKIPPED: no /proc to tell which processes are alive, or no {IMAGE_DIR}");
+            return;
+        }
+        std::fs::write(&gone, b"left").unwrap();
+        let kept = !alive.exists();
+        if kept {
+            std::fs::write(&alive, b"in use").unwrap();
+        }
+        let tmp = crate::testing::tempdir();
+        let arg = format!("size=16M+image={}", tmp.path().join("img").display());
+        let fs = KucofsBackend::open(&format!("kucofs:{arg}"), &arg).unwrap();
+        drop(fs);
+        assert!(!gone.exists());
+        assert!(alive.exists());
+        if kept {
+            std::fs::remove_file(&alive).unwrap();
+        }
     }
 
     #[test]

@@ -550,6 +550,7 @@ impl Volume {
         // in their epoch move on (readers take no lock, so waiting here
         // holds none of them up).
         let mut tries = 0;
+        let mut unreserved = 0;
         let ((start, n), lowest_ready, cap) = loop {
             // The lowest free pages when they are writable here already
             // (always under `off`, which never flips them back); else,
@@ -568,10 +569,29 @@ impl Volume {
             };
             let share = (self.pages.free_pages() / POOL_SHARE).max(1);
             let cap = want.min(share);
-            let granted = self.pages.grant(h, cap, !lowest_ready);
-            match granted.and_then(|(s, n)| self.reserve_granted(caller, s, n)) {
+            let granted = match self.pages.grant(h, cap, !lowest_ready) {
+                Ok((s, n)) => match self.reserve_granted(caller, s, n) {
+                    Ok(g) => Ok(g),
+                    // A sparse image whose file system has no room left
+                    // for a run never used: the lowest free pages, used
+                    // before, may have their memory still.
+                    Err(e) => {
+                        unreserved += 1;
+                        self.pages
+                            .grant(h, cap, false)
+                            .and_then(|(s, n)| self.reserve_granted(caller, s, n))
+                            .map_err(|_| e)
+                    }
+                },
+                Err(e) => Err(e),
+            };
+            match granted {
                 Ok(g) => break (g, lowest_ready, cap),
-                Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES => return Err(e),
+                // Reserving failed again after a reclamation (which may
+                // have freed pages that have memory): the room is gone.
+                Err(e) if self.pages.waiting() == 0 || tries == GRANT_TRIES || unreserved > 1 => {
+                    return Err(e)
+                }
                 Err(_) => {
                     if tries > 0 {
                         std::thread::yield_now();

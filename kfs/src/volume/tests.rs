@@ -872,8 +872,10 @@ fn provisioning_allocates_the_data_pages_ahead_of_the_grants() {
     let (_dir, path, v) = sparse_volume_of(128 << 20);
     let data = v.image().superblock().geometry.data;
     // Fresh: the pages before the data pages have their memory, and the
-    // data pages none.
-    assert_eq!(allocated(&path), data.offset());
+    // data pages none (but what a tmpfs that allocates in huge pages
+    // rounds up to one).
+    let before = allocated(&path);
+    assert!(before >= data.offset() && before < data.offset() + (2 << 20));
     let mut p = v.provisioner();
     while p.step(Behind::Now) {}
     assert!(!v.image().region().can_make_huge());
