@@ -9,7 +9,7 @@ use kucofs_common::format::{
     scan_log_with, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault,
     FORMAT_VERSION, PAGE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
-use kucofs_common::pm::{Hardware, MapMode, Persist, Region, RegionView, Space};
+use kucofs_common::pm::{allocated, Hardware, MapMode, Persist, Region, RegionView, Space};
 use kucofs_common::proto::Creds;
 use kucofs_common::size::format_size;
 
@@ -71,21 +71,10 @@ pub fn mkfs_with(
             why: why.into(),
         },
     })?;
-    let existed = path.exists();
     let region = Region::create_with(path, geometry.size, force, space, persist)?;
     let made = format(&region, path, geometry);
     if made.is_err() {
-        // Leave no half-made image behind, nor the memory it took (one
-        // that was there before is gone already: `force`).
-        drop(region);
-        if !existed {
-            let _ = std::fs::remove_file(path);
-        } else if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-            let _ = std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .and_then(|f| f.set_len(0));
-        }
+        region.discard();
     }
     made
 }
@@ -358,16 +347,8 @@ pub fn inspect(path: &Path) -> Result<ImageReport> {
         log_entries,
         log_bytes,
         mode: view.mode(),
-        allocated: allocated(path),
+        allocated: std::fs::metadata(path).ok().as_ref().and_then(allocated),
     })
-}
-
-/// The bytes of memory (or blocks) the image file at `path` has; `None`
-/// for a device, or if it cannot be told.
-fn allocated(path: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
-    meta.is_file().then(|| meta.blocks().saturating_mul(512))
 }
 
 impl fmt::Display for ImageReport {

@@ -57,9 +57,11 @@
 //! on a sparse image, run beside a reserved one: 0.13× tmpfs reserving
 //! only, 0.88–1.07× touching too; 1.42–1.49× alone). A reserved image
 //! (the default) was allocated and cleared when it was made, and
-//! nothing is done for its data pages: reading a byte of each through
-//! Kfs's own mapping only mapped them there (fresh-image RNDWR, four
-//! alternating runs each: 1.46–1.73× tmpfs with it, 1.73–1.87× without).
+//! nothing is done for its data pages, which reading a byte of each
+//! through Kfs's own mapping would only map there. (Measured before
+//! reserved images were cleared when made, so that the touch still
+//! cleared them, fresh-image RNDWR made 1.46–1.73× tmpfs with the touch
+//! and 1.73–1.87× without, four alternating runs each.)
 //! The log's pages ahead are read a byte each through Kfs's own mapping
 //! ([`Region::prefault`]) rather than populated in one system call:
 //! populating holds the process's memory-map lock, and in the same
@@ -221,14 +223,8 @@ impl Provisioner {
                 self.index_done = at + n;
             }
             Stream::Log => {
-                // Touching a page of a sparse image that the file system
-                // under it has no room for would kill the process: its
-                // memory is asked for first, and if it is not there, the
-                // log's writer meets the lack itself.
-                let offset = self.log.offset() + at;
-                if self.region.reserve(offset, n).is_ok() {
-                    self.region.prefault(offset, n);
-                }
+                // A sparse image's log had its memory when it was opened.
+                self.region.prefault(self.log.offset() + at, n);
                 self.log_done = at + n;
             }
             Stream::Data => {
@@ -268,14 +264,15 @@ impl Provisioner {
         if let Some((at, n)) = due(self.log_done, pos, self.log.len(), CHUNK) {
             return Some((Stream::Log, at, n));
         }
-        let at = self.granted();
-        let (chunk, ahead) = if self.ahead_huge() {
-            (HUGE_PAGE as u64, true)
-        } else {
-            // A reserved image's pages have their memory already.
-            (CHUNK, !self.region.is_reserved())
+        // Without huge pages ahead, a reserved image's data pages need
+        // nothing: they have their memory already.
+        let chunk = match self.ahead_huge() {
+            true => Some(HUGE_PAGE as u64),
+            false => (!self.region.is_reserved()).then_some(CHUNK),
         };
-        if let Some((at, n)) = due(self.data_done, at, self.data.len(), chunk).filter(|_| ahead) {
+        if let Some((at, n)) =
+            chunk.and_then(|c| due(self.data_done, self.granted(), self.data.len(), c))
+        {
             return Some((Stream::Data, at, n));
         }
         let now = match behind {

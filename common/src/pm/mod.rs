@@ -21,7 +21,8 @@ pub use mapping::{Media, HUGE_PAGE};
 pub use persist::{Hardware, Persist};
 pub use recorder::{InFlight, InFlightKind, Recorder};
 pub use region::{
-    MapMode, PoolWriter, Protection, Protector, Region, RegionView, Space, BATCH_PAGES, BATCH_TIME,
+    allocated, MapMode, PoolWriter, Protection, Protector, Region, RegionView, Space, BATCH_PAGES,
+    BATCH_TIME,
 };
 pub use shm::{Shm, ShmView, Words};
 

@@ -545,7 +545,6 @@ impl Volume {
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
         let protection = self.client(caller)?.protection;
         let want = u64::from(pages.clamp(1, POOL_MAX));
-        let h = holder(caller);
         // Pages replaced a moment ago become free once the readers still
         // in their epoch move on (readers take no lock, so waiting here
         // holds none of them up).
@@ -569,23 +568,7 @@ impl Volume {
             };
             let share = (self.pages.free_pages() / POOL_SHARE).max(1);
             let cap = want.min(share);
-            let granted = match self.pages.grant(h, cap, !lowest_ready) {
-                Ok((s, n)) => match self.reserve_granted(caller, s, n) {
-                    Ok(g) => Ok(g),
-                    // A sparse image whose file system has no room left
-                    // for a run never used: the lowest free pages, used
-                    // before, may have their memory still.
-                    Err(e) => {
-                        unreserved += 1;
-                        self.pages
-                            .grant(h, cap, false)
-                            .and_then(|(s, n)| self.reserve_granted(caller, s, n))
-                            .map_err(|_| e)
-                    }
-                },
-                Err(e) => Err(e),
-            };
-            match granted {
+            match self.grant_reserved(caller, cap, !lowest_ready, &mut unreserved) {
                 Ok(g) => break (g, lowest_ready, cap),
                 // Reserving failed again after a reclamation (which may
                 // have freed pages that have memory): the room is gone.
@@ -612,8 +595,7 @@ impl Volume {
         let mut total = n;
         let more = lowest_ready && matches!(protection, Protection::Off | Protection::Keys);
         while more && count < runs.len() && total < cap {
-            let granted = self.pages.grant(h, cap - total, false);
-            let Ok(g) = granted.and_then(|(s, n)| self.reserve_granted(caller, s, n)) else {
+            let Ok(g) = self.grant_reserved(caller, cap - total, false, &mut unreserved) else {
                 break;
             };
             runs[count] = g;
@@ -961,6 +943,33 @@ impl Volume {
                 v.failed(f);
             }
         }
+    }
+
+    /// Grants `caller` up to `cap` free pages (the lowest long run if
+    /// `long`, see `Pages::grant`) and gives them their memory
+    /// ([`Volume::reserve_granted`]), counting in `unreserved` the calls
+    /// whose first reservation failed. Where a sparse image's file system has no
+    /// room for a long run, pages never used, the lowest free pages next:
+    /// used before, they may have their memory still.
+    fn grant_reserved(
+        &mut self,
+        caller: Caller,
+        cap: u64,
+        long: bool,
+        unreserved: &mut u32,
+    ) -> Result<(u64, u64), Errno> {
+        let h = holder(caller);
+        let (s, n) = self.pages.grant(h, cap, long)?;
+        let reserved = self.reserve_granted(caller, s, n);
+        if reserved.is_ok() {
+            return reserved;
+        }
+        *unreserved += 1;
+        if !long {
+            return reserved;
+        }
+        let (s, n) = self.pages.grant(h, cap, false)?;
+        self.reserve_granted(caller, s, n)
     }
 
     /// Gives the `n` pages from `start` just granted to `caller` their
