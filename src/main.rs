@@ -68,13 +68,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let sb = kucofs_kfs::mkfs_with(&image, size, force, space, persist).context("mkfs")?;
             let g = sb.geometry;
             println!(
-                "made a {} KucoFS on {}: {} data pages ({}), log {}, checkpoint {}",
+                "made a {} KucoFS on {}: {} data pages ({}) for files and metadata, log {}, owner table {}",
                 format_size(g.size),
                 image.display(),
                 g.data.pages,
                 format_size(g.data.len()),
                 format_size(g.log.len()),
-                format_size(g.checkpoint.len()),
+                format_size(g.owners.len()),
             );
         }
         Command::Info { image } => {

@@ -52,13 +52,13 @@ fn mkfs_then_info_describes_the_image() {
     assert!(o.status.success(), "{o:?}");
     let text = stdout(&o);
     for needle in [
-        "KucoFS version 2",
+        "KucoFS version 3",
         "emulated",
         "state:        clean",
-        "0 B used",
+        "0 B file data, 4.0 KiB metadata",
         "0 entries",
         "data",
-        "bitmap",
+        "owner table",
     ] {
         assert!(text.contains(needle), "{needle:?} missing:\n{text}");
     }
@@ -121,15 +121,16 @@ fn mkfs_reserves_an_images_memory_and_refuses_an_image_without_room() {
     assert!(!img.exists());
     let o = kucofs(&["mkfs", p(&img), "--size", "12M"]);
     assert!(o.status.success(), "{o:?}");
-    // A sparse image reserves its metadata (3/16 of it) only: 12 MiB of a
-    // 64 MiB one, which the 4 MiB left cannot hold; then, it fits.
+    // A sparse image reserves its log and owner table only: about 6 MiB of
+    // a 1 GiB one, which the 4 MiB left cannot hold, and under 1 MiB of a
+    // 64 MiB one, which fits.
     let sparse = small.path().join("sparse.img");
-    let o = kucofs(&["mkfs", p(&sparse), "--size", "64M", "--sparse"]);
-    assert_refused(&o, "too few for the 12");
+    let o = kucofs(&["mkfs", p(&sparse), "--size", "1G", "--sparse"]);
+    assert_refused(&o, "too few for the");
     assert!(!sparse.exists());
-    std::fs::remove_file(&img).unwrap();
     let o = kucofs(&["mkfs", p(&sparse), "--size", "64M", "--sparse"]);
     assert!(o.status.success(), "{o:?}");
+    std::fs::remove_file(&img).unwrap();
     let text = stdout(&kucofs(&["info", p(&sparse)]));
     assert!(text.contains("of 64.0 MiB allocated (sparse"), "{text}");
 }
@@ -163,17 +164,28 @@ fn fsck_passes_a_fresh_image_and_lists_damage() {
     let o = kucofs(&["fsck", p(&img)]);
     assert!(o.status.success(), "{o:?}");
     assert!(stdout(&o).contains("clean"), "{}", stdout(&o));
-    // Mark a data page used that no file owns, and damage superblock copy B.
-    let report = kucofs_kfs::inspect(&img).unwrap();
+    // Give a data page to a file that does not exist, and damage
+    // superblock copy B.
+    let g = kucofs_kfs::inspect(&img).unwrap().superblock.geometry;
     let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
     use std::os::unix::fs::FileExt;
-    f.write_all_at(&[1], report.superblock.geometry.bitmap.offset())
-        .unwrap();
+    let stray = kucofs_common::format::meta::Owner::File { ino: 42, page: 0 };
+    f.write_all_at(
+        &stray.encode().unwrap().to_le_bytes(),
+        g.owner_offset(g.data.start + 3),
+    )
+    .unwrap();
     f.write_all_at(&[0xee], 4096 + 100).unwrap();
     let o = kucofs(&["fsck", p(&img)]);
     assert!(!o.status.success());
     let out = stdout(&o);
     assert!(out.contains("superblock copy B is damaged"), "{out}");
-    assert!(out.contains("marks 1 data pages in use"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "data page {} belongs to inode 42",
+            g.data.start + 3
+        )),
+        "{out}"
+    );
     assert!(String::from_utf8_lossy(&o.stderr).contains("2 problems"));
 }

@@ -4,15 +4,17 @@
 //! page 0            superblock, copy A
 //! page 1            superblock, copy B
 //! log_start ..      operation log: checksummed redo entries, cache-line aligned
-//! ckpt_start ..     checkpoint area: two slots of ckpt_slot_pages each
-//! bitmap_start ..   free-page bitmap: one bit per data page, 1 = in use
-//! data_start ..     data pages (4 KiB each)
+//! owners_start ..   owner table: one 8-byte owner entry per data page
+//! data_start ..     data pages (4 KiB each): file data, and the metadata
+//!                   store's pages (inode table, directory entries, symlink
+//!                   targets), which the owner table names
 //! ```
 //!
-//! Every on-media struct is `#[repr(C)]` with its size pinned by a const
-//! assert, stored little-endian (the crate only builds for little-endian
-//! x86-64, so native order is little-endian order), and converted to and
-//! from its in-memory form here and nowhere else.
+//! The metadata store's records are laid out in [`meta`]. Every on-media
+//! struct is `#[repr(C)]` or a fixed byte layout with its size pinned by a
+//! const assert, stored little-endian (the crate only builds for
+//! little-endian x86-64, so native order is little-endian order), and
+//! converted to and from its in-memory form here and nowhere else.
 //!
 //! The two superblock copies are written one after the other, each persisted
 //! before the next, and carry a sequence number: an opener takes the valid
@@ -23,15 +25,17 @@ use std::fmt;
 
 use bytemuck::{Pod, Zeroable};
 
+pub mod meta;
+
 /// Size of a data page and the unit of every area.
 pub const PAGE_SIZE: u64 = 4096;
-/// Bits in one bitmap page: the data pages it can describe.
-pub const BITS_PER_BITMAP_PAGE: u64 = PAGE_SIZE * 8;
 /// The superblock magic: "KucoFS" and two bytes that make a text file unlikely
 /// to match.
 pub const MAGIC: [u8; 8] = *b"KucoFS\x00\xf5";
-/// The format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this build reads and writes (3: metadata kept in a
+/// store of records in the data pages, named by the owner table; 2 kept it
+/// in two fixed checkpoint slots).
+pub const FORMAT_VERSION: u32 = 3;
 /// Bytes of one superblock copy; the rest of its page is unused.
 pub const SUPERBLOCK_SIZE: usize = 512;
 /// Byte offsets of superblock copies A and B.
@@ -44,16 +48,23 @@ pub const MIN_IMAGE_SIZE: u64 = 1 << 20;
 pub const MAX_IMAGE_SIZE: u64 = 1 << 50;
 /// Fewest data pages a geometry may leave.
 pub const MIN_DATA_PAGES: u64 = 16;
-/// Log size bounds, in pages: 64 KiB to 1 GiB. A larger log means rarer
-/// checkpoints (each serializes the whole namespace) and longer replay.
-pub const LOG_PAGES_MIN: u64 = 16;
-/// See [`LOG_PAGES_MIN`].
-pub const LOG_PAGES_MAX: u64 = 256 * 1024;
-/// Smallest checkpoint slot, in pages.
-pub const CKPT_SLOT_PAGES_MIN: u64 = 16;
+/// Bytes of one owner entry.
+pub const OWNER_SIZE: u64 = 8;
+/// Owner entries in one page of the owner table.
+pub const OWNERS_PER_PAGE: u64 = PAGE_SIZE / OWNER_SIZE;
+/// Log pages between two retirements of the log, at most: the log is
+/// retired (its changes written into the metadata store) once the entries
+/// since the last retirement and the store records they call for reach
+/// this much, or a quarter of the log if that is less. Bounds the work of
+/// one retirement, and so Kfs's longest pause.
+pub const RETIRE_PAGES_MAX: u64 = 256;
+/// Fewest log pages between two retirements.
+pub const RETIRE_PAGES_MIN: u64 = 16;
+/// Pages the log keeps beyond what its entries and one retirement need.
+pub const LOG_SLACK_PAGES: u64 = 16;
 
-/// Superblock flag: the file system was unmounted cleanly (no recovery
-/// needed beyond loading the checkpoint and an empty log).
+/// Superblock flag: the file system was unmounted cleanly (its log was
+/// retired and nothing needs replaying).
 pub const FLAG_CLEAN: u64 = 1 << 0;
 /// Flags this build understands; others make a copy invalid.
 pub const FLAGS_KNOWN: u64 = FLAG_CLEAN;
@@ -87,6 +98,10 @@ impl Area {
     pub fn end(&self) -> u64 {
         self.start + self.pages
     }
+    /// True if page `p` lies in the area.
+    pub fn contains(&self, p: u64) -> bool {
+        p >= self.start && p < self.end()
+    }
 }
 
 /// Where each area of an image lies.
@@ -96,12 +111,8 @@ pub struct Geometry {
     pub size: u64,
     /// The operation log.
     pub log: Area,
-    /// Both checkpoint slots, `ckpt_slot_pages` each.
-    pub checkpoint: Area,
-    /// Pages in one checkpoint slot.
-    pub ckpt_slot_pages: u64,
-    /// The free-page bitmap.
-    pub bitmap: Area,
+    /// The owner table: one entry per data page.
+    pub owners: Area,
     /// The data pages.
     pub data: Area,
 }
@@ -131,10 +142,41 @@ impl fmt::Display for GeometryError {
     }
 }
 
+/// Pages of the owner table for `data_pages` data pages.
+pub const fn owner_pages(data_pages: u64) -> u64 {
+    data_pages.div_ceil(OWNERS_PER_PAGE)
+}
+
+/// The log pages between retirements for an image of `pages` pages: 1/256
+/// of it, within [`RETIRE_PAGES_MIN`]..=[`RETIRE_PAGES_MAX`].
+const fn retire_pages_for(pages: u64) -> u64 {
+    let p = pages / 256;
+    if p < RETIRE_PAGES_MIN {
+        RETIRE_PAGES_MIN
+    } else if p > RETIRE_PAGES_MAX {
+        RETIRE_PAGES_MAX
+    } else {
+        p
+    }
+}
+
+/// The smallest log for an owner table of `owner_pages` pages: room for the
+/// entries of one retirement period, for the retirement's own records (one
+/// retirement may rewrite the whole owner table, when one change drops a
+/// file holding most of the pages, plus as many store records again as the
+/// period's entries), and slack.
+pub const fn log_pages_for(owner_pages: u64, retire_pages: u64) -> u64 {
+    // A batch rewriting the owner table writes it a page at a time, each
+    // with a 12-byte header, in log entries with 16-byte headers: a page
+    // more per 256.
+    owner_pages + owner_pages.div_ceil(256) + 2 * retire_pages + LOG_SLACK_PAGES
+}
+
 impl Geometry {
     /// The geometry mkfs lays out for an image of `size` bytes (rounded down
-    /// to whole pages): the log takes 1/16 of the pages (64 KiB to 1 GiB),
-    /// each checkpoint slot 1/16, the bitmap what the data pages need.
+    /// to whole pages): the log sized by [`log_pages_for`], the owner table
+    /// the data pages need, and the rest data pages. The log and the owner
+    /// table together take about 1/256 of a large image.
     pub fn for_size(size: u64) -> Result<Geometry, GeometryError> {
         if size < MIN_IMAGE_SIZE {
             return Err(GeometryError::TooSmall {
@@ -149,45 +191,38 @@ impl Geometry {
             });
         }
         let pages = size / PAGE_SIZE;
-        let log_pages = (pages / 16).clamp(LOG_PAGES_MIN, LOG_PAGES_MAX);
-        let slot = (pages / 16).max(CKPT_SLOT_PAGES_MIN);
-        let fixed = SUPERBLOCK_PAGES + log_pages + 2 * slot;
-        let rest = pages.checked_sub(fixed).ok_or(GeometryError::TooSmall {
+        // The owner table can be no larger than the one for every page.
+        let log_pages = log_pages_for(owner_pages(pages), retire_pages_for(pages));
+        let too_small = GeometryError::TooSmall {
             size,
             min: MIN_IMAGE_SIZE,
-        })?;
-        // Each bitmap page covers BITS_PER_BITMAP_PAGE data pages, and takes
-        // one page itself from the rest.
-        let bitmap_pages = rest.div_ceil(BITS_PER_BITMAP_PAGE + 1);
-        let data_pages = rest - bitmap_pages;
+        };
+        let rest = pages
+            .checked_sub(SUPERBLOCK_PAGES + log_pages)
+            .ok_or(too_small.clone())?;
+        // Each owner page covers OWNERS_PER_PAGE data pages, and takes one
+        // page itself from the rest.
+        let owners = rest.div_ceil(OWNERS_PER_PAGE + 1);
+        let data_pages = rest - owners;
         if data_pages < MIN_DATA_PAGES {
-            return Err(GeometryError::TooSmall {
-                size,
-                min: MIN_IMAGE_SIZE,
-            });
+            return Err(too_small);
         }
         let log = Area {
             start: SUPERBLOCK_PAGES,
             pages: log_pages,
         };
-        let checkpoint = Area {
+        let owners = Area {
             start: log.end(),
-            pages: 2 * slot,
-        };
-        let bitmap = Area {
-            start: checkpoint.end(),
-            pages: bitmap_pages,
+            pages: owners,
         };
         let data = Area {
-            start: bitmap.end(),
+            start: owners.end(),
             pages: data_pages,
         };
         let g = Geometry {
             size: pages * PAGE_SIZE,
             log,
-            checkpoint,
-            ckpt_slot_pages: slot,
-            bitmap,
+            owners,
             data,
         };
         debug_assert_eq!(g.validate(), Ok(()));
@@ -195,8 +230,9 @@ impl Geometry {
     }
 
     /// Checks that the areas tile the image in order with no gap or overlap,
-    /// using only checked arithmetic (the values may come from a damaged or
-    /// hostile image).
+    /// and that the log can hold what one retirement writes, using only
+    /// checked arithmetic (the values may come from a damaged or hostile
+    /// image).
     pub fn validate(&self) -> Result<(), GeometryError> {
         use GeometryError::Inconsistent as Bad;
         if !self.size.is_multiple_of(PAGE_SIZE) {
@@ -218,22 +254,11 @@ impl Geometry {
         if self.log.start != SUPERBLOCK_PAGES {
             return Err(Bad("the log does not follow the superblocks"));
         }
-        if self.log.pages == 0 {
-            return Err(Bad("the log is empty"));
+        if self.owners.start != end(&self.log)? {
+            return Err(Bad("the owner table does not follow the log"));
         }
-        if self.checkpoint.start != end(&self.log)? {
-            return Err(Bad("the checkpoint area does not follow the log"));
-        }
-        if self.ckpt_slot_pages == 0
-            || self.ckpt_slot_pages.checked_mul(2) != Some(self.checkpoint.pages)
-        {
-            return Err(Bad("the checkpoint area is not two equal non-empty slots"));
-        }
-        if self.bitmap.start != end(&self.checkpoint)? {
-            return Err(Bad("the bitmap does not follow the checkpoint area"));
-        }
-        if self.data.start != end(&self.bitmap)? {
-            return Err(Bad("the data pages do not follow the bitmap"));
+        if self.data.start != end(&self.owners)? {
+            return Err(Bad("the data pages do not follow the owner table"));
         }
         if end(&self.data)? != self.size / PAGE_SIZE {
             return Err(Bad("the data pages do not end at the end of the image"));
@@ -241,28 +266,28 @@ impl Geometry {
         if self.data.pages < MIN_DATA_PAGES {
             return Err(Bad("fewer data pages than the minimum"));
         }
-        if self.bitmap.pages.checked_mul(BITS_PER_BITMAP_PAGE) < Some(self.data.pages) {
-            return Err(Bad("the bitmap is too small for the data pages"));
+        if self.owners.pages < owner_pages(self.data.pages) {
+            return Err(Bad("the owner table is too small for the data pages"));
+        }
+        if self.log.pages < log_pages_for(self.owners.pages, RETIRE_PAGES_MIN) {
+            return Err(Bad("the log is too small to retire into the store"));
         }
         Ok(())
     }
 
-    /// Byte offset of checkpoint slot `slot` (0 or 1).
-    pub fn checkpoint_slot(&self, slot: u8) -> Area {
-        Area {
-            start: self.checkpoint.start + u64::from(slot & 1) * self.ckpt_slot_pages,
-            pages: self.ckpt_slot_pages,
-        }
+    /// Bytes of log entries and store records after which the log is
+    /// retired: a quarter of what the log holds beyond one rewrite of the
+    /// owner table, at most [`RETIRE_PAGES_MAX`] pages.
+    pub fn retire_bytes(&self) -> u64 {
+        let spare = self.log.pages.saturating_sub(self.owners.pages) / 4;
+        spare.clamp(1, RETIRE_PAGES_MAX) * PAGE_SIZE
     }
-}
 
-/// Which checkpoint is current.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CheckpointRef {
-    /// The slot (0 or 1) holding it.
-    pub slot: u8,
-    /// Its sequence number: the log sequence it includes everything before.
-    pub seq: u64,
+    /// Byte offset of the owner entry of data page `p` (which must lie in
+    /// the data area).
+    pub fn owner_offset(&self, p: u64) -> u64 {
+        self.owners.offset() + (p - self.data.start) * OWNER_SIZE
+    }
 }
 
 /// The superblock, as the rest of the code sees it.
@@ -282,11 +307,9 @@ pub struct Superblock {
     pub created_ns: u64,
     /// Where the areas lie.
     pub geometry: Geometry,
-    /// The current checkpoint; `None` on a fresh image (only the root
-    /// directory exists).
-    pub checkpoint: Option<CheckpointRef>,
-    /// Sequence number of the first log entry not in the checkpoint: replay
-    /// starts there.
+    /// Sequence number of the log entry at the start of the log area:
+    /// everything before it is in the metadata store, and recovery reads
+    /// the log from there.
     pub log_seq: u64,
 }
 
@@ -339,19 +362,15 @@ struct RawSuperblock {
     created_ns: u64,
     size: u64,
     page_size: u32,
-    ckpt_valid: u32,
+    pad: u32,
     log_start: u64,
     log_pages: u64,
-    ckpt_start: u64,
-    ckpt_slot_pages: u64,
-    bitmap_start: u64,
-    bitmap_pages: u64,
+    owners_start: u64,
+    owners_pages: u64,
     data_start: u64,
     data_pages: u64,
-    ckpt_slot: u64,
-    ckpt_seq: u64,
     log_seq: u64,
-    reserved: [u8; 332],
+    reserved: [u8; 364],
     /// CRC-32C of every byte before it.
     crc: u32,
 }
@@ -359,6 +378,9 @@ struct RawSuperblock {
 const _: () = assert!(std::mem::size_of::<RawSuperblock>() == SUPERBLOCK_SIZE);
 const _: () = assert!(std::mem::offset_of!(RawSuperblock, crc) == SUPERBLOCK_SIZE - 4);
 const _: () = assert!(std::mem::offset_of!(RawSuperblock, log_start) == 88);
+// Where the version lies in every format version: a reader finds it there
+// to refuse an image it does not read.
+const _: () = assert!(std::mem::offset_of!(RawSuperblock, version) == 8);
 
 impl Superblock {
     /// The superblock as stored, checksum included.
@@ -376,19 +398,15 @@ impl Superblock {
             created_ns: self.created_ns,
             size: g.size,
             page_size: PAGE_SIZE as u32,
-            ckpt_valid: u32::from(self.checkpoint.is_some()),
+            pad: 0,
             log_start: g.log.start,
             log_pages: g.log.pages,
-            ckpt_start: g.checkpoint.start,
-            ckpt_slot_pages: g.ckpt_slot_pages,
-            bitmap_start: g.bitmap.start,
-            bitmap_pages: g.bitmap.pages,
+            owners_start: g.owners.start,
+            owners_pages: g.owners.pages,
             data_start: g.data.start,
             data_pages: g.data.pages,
-            ckpt_slot: self.checkpoint.map_or(0, |c| u64::from(c.slot)),
-            ckpt_seq: self.checkpoint.map_or(0, |c| c.seq),
             log_seq: self.log_seq,
-            reserved: [0; 332],
+            reserved: [0; 364],
             crc: 0,
         };
         raw.crc = crate::checksum::crc32c(&bytemuck::bytes_of(&raw)[..SUPERBLOCK_SIZE - 4]);
@@ -425,31 +443,18 @@ impl Superblock {
         if raw.flags & !FLAGS_KNOWN != 0 {
             return Err(SuperblockFault::BadField("unknown flags are set"));
         }
-        if raw.reserved.iter().any(|&b| b != 0) {
+        if raw.pad != 0 || raw.reserved.iter().any(|&b| b != 0) {
             return Err(SuperblockFault::BadField("reserved bytes are not zero"));
         }
-        let checkpoint = match raw.ckpt_valid {
-            0 if raw.ckpt_slot == 0 && raw.ckpt_seq == 0 => None,
-            1 if raw.ckpt_slot <= 1 => Some(CheckpointRef {
-                slot: raw.ckpt_slot as u8,
-                seq: raw.ckpt_seq,
-            }),
-            _ => return Err(SuperblockFault::BadField("checkpoint reference is invalid")),
-        };
         let geometry = Geometry {
             size: raw.size,
             log: Area {
                 start: raw.log_start,
                 pages: raw.log_pages,
             },
-            checkpoint: Area {
-                start: raw.ckpt_start,
-                pages: raw.ckpt_slot_pages.wrapping_mul(2),
-            },
-            ckpt_slot_pages: raw.ckpt_slot_pages,
-            bitmap: Area {
-                start: raw.bitmap_start,
-                pages: raw.bitmap_pages,
+            owners: Area {
+                start: raw.owners_start,
+                pages: raw.owners_pages,
             },
             data: Area {
                 start: raw.data_start,
@@ -465,7 +470,6 @@ impl Superblock {
             uuid: raw.uuid,
             created_ns: raw.created_ns,
             geometry,
-            checkpoint,
             log_seq: raw.log_seq,
         })
     }
@@ -544,6 +548,49 @@ impl LogEntryHeader {
     }
 }
 
+/// Operation codes a log entry may carry are `1..=LOG_OP_MAX` (Kfs's redo
+/// records and its retirement batches; see Kfs's record module).
+pub const LOG_OP_MAX: u16 = 63;
+
+/// How a walk of the log from its start ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogEnd {
+    /// Byte offset just past the last valid entry: where the next goes.
+    pub pos: u64,
+    /// The sequence number the next entry gets.
+    pub next_seq: u64,
+    /// Valid entries walked.
+    pub entries: u64,
+}
+
+/// An entry that fails its checks with acknowledged entries after it:
+/// damage to the media, not a crash (a crash tears at most the last entry,
+/// since each entry is durable before the next one is stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogDamage {
+    /// Byte offset (in the log area) of the damaged entry.
+    pub at: u64,
+    /// The sequence number it should have had.
+    pub seq: u64,
+    /// Valid entries of the same lap found after it.
+    pub following: u64,
+}
+
+impl fmt::Display for LogDamage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the log entry with sequence {} (log offset {}) is damaged, and {} acknowledged \
+             entr{} follow{} it",
+            self.seq,
+            self.at,
+            self.following,
+            if self.following == 1 { "y" } else { "ies" },
+            if self.following == 1 { "s" } else { "" },
+        )
+    }
+}
+
 /// Walks the valid entries of a log area held in `log` (the whole area's
 /// bytes), starting at sequence `first_seq`, and returns them with their
 /// byte offsets. The walk stops at the first entry that is torn, out of
@@ -553,132 +600,115 @@ pub fn scan_log(log: &[u8], first_seq: u64) -> Vec<(u64, LogEntryHeader)> {
     scan_log_with(
         log.len() as u64,
         first_seq,
-        |at, buf| {
-            usize::try_from(at)
-                .ok()
-                .and_then(|a| log.get(a..a.checked_add(buf.len())?))
-                .map(|src| buf.copy_from_slice(src))
-                .is_some()
-        },
+        slice_reader(log),
         |at, h, _| entries.push((at, *h)),
     );
     entries
 }
 
+/// A reader over bytes in memory, for [`scan_log_with`] and [`find_damage`].
+pub fn slice_reader(log: &[u8]) -> impl Fn(u64, &mut [u8]) -> bool + '_ {
+    move |at, buf| {
+        usize::try_from(at)
+            .ok()
+            .and_then(|a| log.get(a..a.checked_add(buf.len())?))
+            .map(|src| buf.copy_from_slice(src))
+            .is_some()
+    }
+}
+
+/// Reads the entry at `at` if it is a valid entry of sequence `seq` (any
+/// sequence in `seq..` when `exact` is false) whose payload lies inside an
+/// area of `len` bytes; its header, and the payload in `payload`.
+fn entry_at(
+    len: u64,
+    at: u64,
+    seq: u64,
+    exact: bool,
+    read: &impl Fn(u64, &mut [u8]) -> bool,
+    payload: &mut Vec<u8>,
+) -> Option<LogEntryHeader> {
+    let mut hb = [0u8; LOG_ENTRY_HEADER_SIZE];
+    if at.checked_add(LOG_ENTRY_HEADER_SIZE as u64)? > len || !read(at, &mut hb) {
+        return None;
+    }
+    let header = LogEntryHeader::decode(&hb)?;
+    let in_sequence = if exact {
+        header.seq == seq
+    } else {
+        // A lap holds fewer than 2^40 entries: a stale or random line
+        // claiming a sequence far beyond is not an entry of it.
+        header.seq >= seq && header.seq - seq < 1 << 40
+    };
+    let start = at + LOG_ENTRY_HEADER_SIZE as u64;
+    if !in_sequence
+        || header.op == 0
+        || header.op > LOG_OP_MAX
+        || start + u64::from(header.len) > len
+    {
+        return None;
+    }
+    payload.resize(header.len as usize, 0);
+    (read(start, payload) && header.verify(payload)).then_some(header)
+}
+
 /// [`scan_log`] over a log area of `len` bytes read through `read` (which
 /// copies bytes at an offset into the area, false if it cannot), one entry
 /// at a time, calling `visit` with each valid entry's offset, header and
-/// payload.
+/// payload. Returns where the walk ended.
 pub fn scan_log_with(
     len: u64,
     first_seq: u64,
     read: impl Fn(u64, &mut [u8]) -> bool,
     mut visit: impl FnMut(u64, &LogEntryHeader, &[u8]),
-) {
-    let mut at = 0u64;
-    let mut seq = first_seq;
-    let mut hb = [0u8; LOG_ENTRY_HEADER_SIZE];
+) -> LogEnd {
+    let mut end = LogEnd {
+        pos: 0,
+        next_seq: first_seq,
+        entries: 0,
+    };
     let mut payload = Vec::new();
-    while at + LOG_ENTRY_HEADER_SIZE as u64 <= len && read(at, &mut hb) {
-        let Some(header) = LogEntryHeader::decode(&hb) else {
-            break;
-        };
-        let start = at + LOG_ENTRY_HEADER_SIZE as u64;
-        if header.seq != seq || start + u64::from(header.len) > len {
-            break;
-        }
-        payload.resize(header.len as usize, 0);
-        if !read(start, &mut payload) || !header.verify(&payload) {
-            break;
-        }
-        visit(at, &header, &payload);
-        at += header.footprint();
-        seq += 1;
+    while let Some(header) = entry_at(len, end.pos, end.next_seq, true, &read, &mut payload) {
+        visit(end.pos, &header, &payload);
+        end.pos += header.footprint();
+        end.next_seq += 1;
+        end.entries += 1;
     }
+    end
 }
 
-/// Size of a checkpoint header.
-pub const CHECKPOINT_HEADER_SIZE: usize = 64;
-/// "KucoCKP1".
-pub const CHECKPOINT_MAGIC: [u8; 8] = *b"KucoCKP1";
-
-/// The header at the start of a checkpoint slot. The body (the serialized
-/// namespace, see Kfs's checkpoint module) follows it.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
-pub struct CheckpointHeader {
-    /// [`CHECKPOINT_MAGIC`].
-    pub magic: [u8; 8],
-    /// The log sequence the checkpoint covers everything before.
-    pub seq: u64,
-    /// Bytes of the body.
-    pub body_len: u64,
-    /// Inode records in the body.
-    pub inodes: u64,
-    /// Entry records in the body.
-    pub entries: u64,
-    /// CRC-32C of the body.
-    pub body_crc: u32,
-    /// Zero.
-    pub pad: u32,
-    /// Zero.
-    pub reserved: [u8; 12],
-    /// CRC-32C of the header's bytes before this field.
-    pub header_crc: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<CheckpointHeader>() == CHECKPOINT_HEADER_SIZE);
-
-impl CheckpointHeader {
-    /// A header for a body of `body_len` bytes whose CRC-32C is `body_crc`
-    /// (a body checksummed as it was written).
-    pub fn with_crc(
-        seq: u64,
-        body_len: u64,
-        body_crc: u32,
-        inodes: u64,
-        entries: u64,
-    ) -> CheckpointHeader {
-        let mut h = CheckpointHeader {
-            magic: CHECKPOINT_MAGIC,
-            seq,
-            body_len,
-            inodes,
-            entries,
-            body_crc,
-            pad: 0,
-            reserved: [0; 12],
-            header_crc: 0,
-        };
-        h.header_crc =
-            crate::checksum::crc32c(&bytemuck::bytes_of(&h)[..CHECKPOINT_HEADER_SIZE - 4]);
-        h
-    }
-
-    /// The header's bytes.
-    pub fn encode(&self) -> [u8; CHECKPOINT_HEADER_SIZE] {
-        let mut out = [0u8; CHECKPOINT_HEADER_SIZE];
-        out.copy_from_slice(bytemuck::bytes_of(self));
-        out
-    }
-
-    /// Reads and checks a header: magic, header checksum, zero padding.
-    pub fn decode(bytes: &[u8]) -> Result<CheckpointHeader, &'static str> {
-        let b = bytes
-            .get(..CHECKPOINT_HEADER_SIZE)
-            .ok_or("checkpoint header is truncated")?;
-        let h: CheckpointHeader = bytemuck::pod_read_unaligned(b);
-        if h.magic != CHECKPOINT_MAGIC {
-            return Err("checkpoint has no magic");
+/// Tells a torn end of the log from damage: looks past `end` (where
+/// [`scan_log_with`] stopped) for any valid entry of the same lap, that is
+/// with a sequence at or after `first_seq`. Outside the lap being walked
+/// the log holds only entries of earlier laps (lower sequences) and
+/// zeros: Kfs starts each lap at the log's beginning with a sequence above
+/// all earlier ones, and clears what lies past the end before it writes
+/// after a crash. So a valid entry found here was acknowledged after the
+/// entry at `end`, which therefore was damaged after it became durable.
+/// Reads the rest of the area once, header by header.
+pub fn find_damage(
+    len: u64,
+    first_seq: u64,
+    end: &LogEnd,
+    read: impl Fn(u64, &mut [u8]) -> bool,
+) -> Option<LogDamage> {
+    let mut payload = Vec::new();
+    let mut at = end.pos + LOG_ENTRY_ALIGN;
+    let mut found = 0;
+    while at + LOG_ENTRY_HEADER_SIZE as u64 <= len {
+        match entry_at(len, at, first_seq, false, &read, &mut payload) {
+            Some(h) => {
+                found += 1;
+                at += h.footprint();
+            }
+            None => at += LOG_ENTRY_ALIGN,
         }
-        if crate::checksum::crc32c(&b[..CHECKPOINT_HEADER_SIZE - 4]) != h.header_crc {
-            return Err("checkpoint header checksum mismatch");
-        }
-        if h.pad != 0 || h.reserved != [0; 12] {
-            return Err("checkpoint header reserved bytes are not zero");
-        }
-        Ok(h)
     }
+    (found > 0).then_some(LogDamage {
+        at: end.pos,
+        seq: end.next_seq,
+        following: found,
+    })
 }
 
 #[cfg(test)]

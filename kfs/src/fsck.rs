@@ -1,13 +1,19 @@
 //! `kucofs fsck`: recover an image read-only and check every invariant.
 //!
-//! Checked: both superblock copies, the checkpoint's checksums and records,
-//! every log entry's replay; then the rebuilt namespace: every entry is a
-//! live item of its directory with the right hash, name, inode number and
-//! kind, every directory's list is sorted, loop-free and indexed by the
-//! right sentinels, every inode is reachable and in the inode table, link
-//! counts, entry counts and `..` links agree with the tree; every page a
-//! file holds is a data page no other file holds, and on a cleanly closed
-//! image the free-page bitmap marks exactly those pages.
+//! Checked: both superblock copies; the log (every entry's checksum, a
+//! damaged entry told from a torn end, every batch's writes inside the
+//! store, every record's replay); the metadata store (every owner entry
+//! one the format allows, every inode and entry record's checksum and
+//! fields, inode numbers in their slots, targets in the pages the owner
+//! table gives them, entries naming inodes of their type); then the
+//! rebuilt namespace: every entry is a live item of its directory with the
+//! right hash, name, inode number and kind, every directory's list is
+//! sorted, loop-free and indexed by the right sentinels, every inode is
+//! reachable and in the inode table, link counts, entry counts and `..`
+//! links agree with the tree; and the store against the rebuilt index:
+//! every page a file holds is one its owner entry gives it and no other
+//! file holds, and every owner entry naming a file page is one that file
+//! holds.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -20,7 +26,7 @@ use kucofs_common::pm::{RegionView, Shm};
 
 use crate::image::select_superblock;
 use crate::namespace::Namespace;
-use crate::volume::{recover, Replayed};
+use crate::recovery::{recover, Replayed};
 use crate::Result;
 
 /// What fsck found.
@@ -78,8 +84,8 @@ pub fn fsck(path: &Path) -> Result<FsckReport> {
             ));
         }
     }
-    let ns = match recover(&sb, |off, buf| view.read(off, buf).is_ok()) {
-        Ok((ns, replayed)) => {
+    let ns = match recover(&sb, &|off, buf| view.read(off, buf).is_ok()) {
+        Ok((ns, _, replayed)) => {
             report.replayed = replayed;
             ns
         }
@@ -89,7 +95,7 @@ pub fn fsck(path: &Path) -> Result<FsckReport> {
         }
     };
     check_tree(&ns, &mut report);
-    check_pages(&view, &sb, &ns, &mut report);
+    check_pages(&sb, &ns, &mut report);
     Ok(report)
 }
 
@@ -313,12 +319,12 @@ fn check_list(
     true
 }
 
-/// Every page a file holds is a data page held by no other file, and a
-/// file's page count agrees with its map; on a cleanly closed image the
-/// free-page bitmap marks exactly the pages files hold (while an image is
-/// open, or after a crash, the bitmap is stale by design: recovery rebuilds
-/// free space from the files).
-fn check_pages(view: &RegionView, sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
+/// Every page a file holds is a data page held by no other file, whose
+/// owner entry names that file and page, and a file's page count agrees
+/// with its map; every owner entry naming a file page names one the file
+/// holds.
+fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
+    use kucofs_common::format::meta::Owner;
     let g = sb.geometry;
     let mut owner: HashMap<u64, u64> = HashMap::new();
     let mut files = Vec::new();
@@ -338,9 +344,23 @@ fn check_pages(view: &RegionView, sb: &Superblock, ns: &Namespace, report: &mut 
                     "file {}: page {fp} is in region page {p}, outside the data pages",
                     a.ino
                 ));
-            } else if let Some(other) = owner.insert(p, a.ino) {
+                return;
+            }
+            if let Some(other) = owner.insert(p, a.ino) {
                 report.problems.push(format!(
                     "region page {p} is held by file {other} and by file {}",
+                    a.ino
+                ));
+            }
+            let named = crate::store::owner_of(ns, p);
+            if named
+                != Some(Owner::File {
+                    ino: a.ino,
+                    page: fp,
+                })
+            {
+                report.problems.push(format!(
+                    "file {}: page {fp} is in region page {p}, whose owner entry says {named:?}",
                     a.ino
                 ));
             }
@@ -357,42 +377,15 @@ fn check_pages(view: &RegionView, sb: &Superblock, ns: &Namespace, report: &mut 
                 .push(format!("file {}: holds pages past its size", a.ino));
         }
     }
-    if !sb.clean {
-        return;
-    }
-    let mut page = vec![0u8; PAGE_SIZE as usize];
-    let (mut missing, mut leaked) = (0u64, 0u64);
-    for i in 0..g.bitmap.pages {
-        if view
-            .read(g.bitmap.offset() + i * PAGE_SIZE, &mut page)
-            .is_err()
-        {
-            report
-                .problems
-                .push("the bitmap is outside the image".into());
-            return;
-        }
-        for (j, &b) in page.iter().enumerate() {
-            for bit in 0..8u64 {
-                let idx = i * PAGE_SIZE * 8 + j as u64 * 8 + bit;
-                if idx >= g.data.pages {
-                    break;
-                }
-                let marked = b & (1 << bit) != 0;
-                let held = owner.contains_key(&(g.data.start + idx));
-                missing += u64::from(held && !marked);
-                leaked += u64::from(marked && !held);
-            }
+    let mut strays = 0u64;
+    for p in g.data.start..g.data.end() {
+        if let Some(Owner::File { .. }) = crate::store::owner_of(ns, p) {
+            strays += u64::from(!owner.contains_key(&p));
         }
     }
-    if leaked > 0 {
+    if strays > 0 {
         report.problems.push(format!(
-            "the bitmap marks {leaked} data pages in use that no file holds"
-        ));
-    }
-    if missing > 0 {
-        report.problems.push(format!(
-            "the bitmap marks {missing} pages free that files hold"
+            "{strays} owner entries name file pages that no file holds"
         ));
     }
 }
@@ -412,7 +405,6 @@ mod tests {
             uuid: [0; 16],
             created_ns: 0,
             geometry: kucofs_common::format::Geometry::for_size(8 << 20).unwrap(),
-            checkpoint: None,
             log_seq: 1,
         }
     }

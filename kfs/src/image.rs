@@ -6,14 +6,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kucofs_common::format::{
-    scan_log_with, CheckpointRef, Geometry, GeometryError, Superblock, SuperblockFault,
-    FORMAT_VERSION, PAGE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
+    scan_log_with, Geometry, GeometryError, Superblock, SuperblockFault, FORMAT_VERSION, PAGE_SIZE,
+    SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE,
 };
 use kucofs_common::pm::{allocated, Hardware, MapMode, Persist, Region, RegionView, Space};
 use kucofs_common::proto::Creds;
 use kucofs_common::size::format_size;
 
+use crate::namespace::Namespace;
+use crate::pages::Pages;
 use crate::{Error, Result};
+use kucofs_common::format::meta::BatchWriter;
 
 /// Which superblock copy an image was opened from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,12 +88,11 @@ fn format(region: &Region, path: &Path, geometry: Geometry) -> Result<Superblock
     reserve_metadata(region, &geometry)?;
     // A reused device (or a file that kept its blocks) may hold an old
     // image: clear the superblock pages, the log (old entries must never
-    // replay) and the bitmap. Checkpoint slots need no clearing: none is
-    // referenced until a checkpoint is written.
+    // replay) and the owner table (no page belongs to anything yet).
     let clear = [
         (0, SUPERBLOCK_OFFSETS[1] + PAGE_SIZE),
         (geometry.log.offset(), geometry.log.len()),
-        (geometry.bitmap.offset(), geometry.bitmap.len()),
+        (geometry.owners.offset(), geometry.owners.len()),
     ];
     // A file just truncated reads as zeros already: clearing it would only
     // allocate memory (or blocks) for nothing.
@@ -102,17 +104,23 @@ fn format(region: &Region, path: &Path, geometry: Geometry) -> Result<Superblock
         region.fence();
     }
     // The root directory, owned by whoever makes the file system, is the
-    // first checkpoint.
+    // store's first record, written as a retirement writes records.
     let root = Creds {
         uid: rustix::process::geteuid().as_raw(),
         gid: rustix::process::getegid().as_raw(),
     };
-    crate::volume::initial_checkpoint(region, &geometry, root).map_err(|e| {
-        kucofs_common::Error::Unusable {
-            path: path.into(),
-            why: format!("writing the first checkpoint failed: {e}"),
-        }
-    })?;
+    let unusable = |why: String| kucofs_common::Error::Unusable {
+        path: path.into(),
+        why,
+    };
+    let mut ns = Namespace::with_store(root, crate::namespace::now_ns(), &geometry)
+        .map_err(|e| unusable(format!("making the root directory failed: {e}")))?;
+    let mut pages = Pages::new(&geometry, [], []).map_err(unusable)?;
+    let mut batch = BatchWriter::new();
+    let reserve = |p: u64| region.reserve(p * PAGE_SIZE, PAGE_SIZE).is_ok();
+    crate::store::retire(&mut ns, &mut pages, &mut batch, &reserve)
+        .map_err(|e| unusable(format!("writing the root directory failed: {e}")))?;
+    crate::volume::apply_batch(region, &geometry, batch.bytes()).map_err(unusable)?;
     let superblock = Superblock {
         seq: 1,
         compat: 0,
@@ -121,7 +129,6 @@ fn format(region: &Region, path: &Path, geometry: Geometry) -> Result<Superblock
         uuid: new_uuid(),
         created_ns: crate::namespace::now_ns() as u64,
         geometry,
-        checkpoint: Some(CheckpointRef { slot: 0, seq: 1 }),
         log_seq: 1,
     };
     write_superblock(region, &superblock)?;
@@ -202,11 +209,11 @@ pub(crate) fn select_superblock(
     Ok(chosen)
 }
 
-/// Gives a sparse image's superblocks, log, checkpoint slots and bitmap
-/// their memory (see [`Space`]), all the pages before the data pages
-/// (about 3/16 of the image): Kfs stores to them, and a store to a page
-/// the file system under the image has no room for would kill the
-/// process. Grants reserve the data pages they hand out.
+/// Gives a sparse image's superblocks, log and owner table their memory
+/// (see [`Space`]), all the pages before the data pages (about 1/256 of a
+/// large image): Kfs stores to them, and a store to a page the file
+/// system under the image has no room for would kill the process. Grants
+/// and the metadata store reserve the data pages they take.
 fn reserve_metadata(region: &Region, g: &Geometry) -> Result<()> {
     region.reserve(0, g.data.offset())?;
     Ok(())
@@ -283,8 +290,13 @@ pub struct ImageReport {
     pub copy: Copy,
     /// Whether the other copy is valid.
     pub other_copy_valid: bool,
-    /// Data pages marked in use in the bitmap.
-    pub used_pages: u64,
+    /// Data pages files hold, as the owner table says.
+    pub file_pages: u64,
+    /// Data pages the metadata store holds: inode table, directory
+    /// entries, symlink targets.
+    pub store: crate::store::StoreUse,
+    /// Owner entries that are not ones the format allows.
+    pub bad_owners: u64,
     /// Valid entries in the operation log.
     pub log_entries: u64,
     /// Bytes those entries occupy.
@@ -299,6 +311,7 @@ pub struct ImageReport {
 /// Reads an image without changing it and reports on it. Fails while a Kfs
 /// has the image open.
 pub fn inspect(path: &Path) -> Result<ImageReport> {
+    use kucofs_common::format::meta::Owner;
     let view = RegionView::open(path)?;
     let (sb, copy) = select_superblock(path, view.len(), |off, buf| view.read(off, buf))?;
     let g = sb.geometry;
@@ -310,20 +323,25 @@ pub fn inspect(path: &Path) -> Result<ImageReport> {
     view.read(other, &mut buf)?;
     let other_copy_valid = Superblock::decode(&buf).is_ok();
 
-    let mut used_pages = 0u64;
+    let (mut file_pages, mut bad_owners) = (0u64, 0u64);
+    let mut store = crate::store::StoreUse::default();
     let mut page = vec![0u8; PAGE_SIZE as usize];
-    for i in 0..g.bitmap.pages {
-        view.read(g.bitmap.offset() + i * PAGE_SIZE, &mut page)?;
-        let first_bit = i * PAGE_SIZE * 8;
-        for (j, &byte) in page.iter().enumerate() {
-            let bit = first_bit + j as u64 * 8;
-            if bit >= g.data.pages {
+    for i in 0..g.owners.pages {
+        view.read(g.owners.offset() + i * PAGE_SIZE, &mut page)?;
+        let first = i * kucofs_common::format::OWNERS_PER_PAGE;
+        for (j, e) in page.chunks_exact(8).enumerate() {
+            if first + j as u64 >= g.data.pages {
                 break;
             }
-            // Bits past the last data page are not pages at all.
-            let valid = (g.data.pages - bit).min(8);
-            let mask = if valid == 8 { 0xff } else { (1u8 << valid) - 1 };
-            used_pages += u64::from((byte & mask).count_ones());
+            let v = u64::from_le_bytes(e.try_into().expect("8 bytes"));
+            match Owner::decode(v) {
+                Some(Owner::Free) => {}
+                Some(Owner::File { .. }) => file_pages += 1,
+                Some(Owner::Inodes { .. }) => store.inode_pages += 1,
+                Some(Owner::Entries { .. }) => store.entry_pages += 1,
+                Some(Owner::Target { .. }) => store.target_pages += 1,
+                None => bad_owners += 1,
+            }
         }
     }
 
@@ -343,7 +361,9 @@ pub fn inspect(path: &Path) -> Result<ImageReport> {
         superblock: sb,
         copy,
         other_copy_valid,
-        used_pages,
+        file_pages,
+        store,
+        bad_owners,
         log_entries,
         log_bytes,
         mode: view.mode(),
@@ -356,7 +376,6 @@ impl fmt::Display for ImageReport {
         let sb = &self.superblock;
         let g = &sb.geometry;
         let data = g.data.len();
-        let used = self.used_pages * PAGE_SIZE;
         let pct = |part: u64, whole: u64| {
             if whole == 0 {
                 0.0
@@ -422,29 +441,43 @@ impl fmt::Display for ImageReport {
             kucofs_common::format::Area { start: 0, pages: 2 },
         ))?;
         f.write_str(&area("log", g.log))?;
-        f.write_str(&area("checkpoint", g.checkpoint))?;
-        f.write_str(&area("bitmap", g.bitmap))?;
+        f.write_str(&area("owner table", g.owners))?;
         f.write_str(&area("data", g.data))?;
+        let files = self.file_pages * PAGE_SIZE;
+        let meta = self.store.pages() * PAGE_SIZE;
         writeln!(
             f,
-            "space:        {} used, {} free of {} data ({:.1}% used)",
-            format_size(used),
-            format_size(data - used),
+            "space:        {} file data, {} metadata, {} free of {} data ({:.1}% used)",
+            format_size(files),
+            format_size(meta),
+            format_size(data.saturating_sub(files + meta)),
             format_size(data),
-            pct(used, data)
+            pct(files + meta, data)
         )?;
         writeln!(
             f,
-            "log:          {} entries, {} of {} ({:.1}% full)",
+            "metadata:     {} inode table, {} directory entries, {} symlink targets ({:.2}% of the data pages)",
+            format_size(self.store.inode_pages * PAGE_SIZE),
+            format_size(self.store.entry_pages * PAGE_SIZE),
+            format_size(self.store.target_pages * PAGE_SIZE),
+            pct(meta, data)
+        )?;
+        if self.bad_owners > 0 {
+            writeln!(
+                f,
+                "owner table:  {} entries are not ones the format allows (run kucofs fsck)",
+                self.bad_owners
+            )?;
+        }
+        writeln!(
+            f,
+            "log:          {} entries, {} of {} ({:.1}% full; retired into the store every {} or so)",
             self.log_entries,
             format_size(self.log_bytes),
             format_size(g.log.len()),
-            pct(self.log_bytes, g.log.len())
-        )?;
-        match sb.checkpoint {
-            None => writeln!(f, "checkpoint:   none"),
-            Some(c) => writeln!(f, "checkpoint:   slot {}, sequence {}", c.slot, c.seq),
-        }
+            pct(self.log_bytes, g.log.len()),
+            format_size(g.retire_bytes())
+        )
     }
 }
 

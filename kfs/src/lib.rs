@@ -4,7 +4,6 @@
 //! ([`Image`]), and inspects them ([`inspect`]).
 
 pub mod arena;
-pub mod checkpoint;
 mod error;
 pub mod fsck;
 pub mod image;
@@ -14,7 +13,9 @@ pub mod namespace;
 pub mod pages;
 pub mod provision;
 pub mod record;
+pub mod recovery;
 pub mod server;
+pub mod store;
 pub mod volume;
 
 pub use error::{Error, Result};

@@ -1,19 +1,26 @@
-//! The operation log (DESIGN §10): append-only, checksummed redo entries in
-//! the region's log area. An entry is written with non-temporal stores
-//! before Kfs applies its change to the index, and fenced before Kfs
-//! replies (the stores drain while the index changes), so every
-//! acknowledged change survives a crash; a torn entry fails its checksum
-//! and ends the log, which is right, since its change was never
-//! acknowledged.
+//! The operation log (docs/ARCHITECTURE.md, "The log"): checksummed redo
+//! entries in the region's log area. An entry is written with
+//! non-temporal stores before Kfs applies its change to the index, and
+//! fenced before Kfs replies (the stores drain while the index changes),
+//! so every acknowledged change survives a crash; a torn entry fails its
+//! checksum and ends the log, which is right, since its change was never
+//! acknowledged. Each entry is durable before the next one's first store,
+//! so a damaged entry with valid ones after it is damage, not a crash.
+//!
+//! A retirement appends its batch of store records as entries too (see
+//! [`Log::append_batch`]), then starts the log over at the area's
+//! beginning with the next sequence number.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use kucofs_common::format::{Area, LogEntryHeader, LOG_ENTRY_HEADER_SIZE};
+use kucofs_common::format::{
+    Area, LogEntryHeader, LOG_ENTRY_ALIGN, LOG_ENTRY_HEADER_SIZE, LOG_PAYLOAD_MAX,
+};
 use kucofs_common::pm::Region;
 use kucofs_common::Errno;
 
-use crate::record::Record;
+use crate::record::{op, Record};
 
 /// The write end of the log.
 #[derive(Debug)]
@@ -67,6 +74,11 @@ impl Log {
     /// Bytes in use.
     pub fn fill(&self) -> u64 {
         self.pos
+    }
+
+    /// Where the next entry goes, and its sequence number.
+    pub fn head(&self) -> (u64, u64) {
+        (self.pos, self.next_seq)
     }
 
     /// Bytes the area holds.
@@ -161,11 +173,66 @@ impl Log {
         }
     }
 
-    /// Starts over at the area's beginning after a checkpoint that covers
-    /// everything before `next_seq`. Old entries need no erasing: their
-    /// sequence numbers are all lower, so a scan from `next_seq` stops at
-    /// them. The pages written so far stay allocated, so `prefaulted`
-    /// stays where it is.
+    /// Appends a retirement's batch (the payload of its physical writes)
+    /// as entries of at most [`LOG_PAYLOAD_MAX`] bytes, then an end entry
+    /// naming the first: recovery applies a batch only if its end is
+    /// there. Each entry is fenced before the next one is stored, as every
+    /// entry is. `ENOSPC` if the log cannot hold it (the geometry sizes
+    /// the log so that it always can).
+    pub fn append_batch(&mut self, region: &Region, payload: &[u8]) -> Result<(), Errno> {
+        let chunks = payload.chunks(LOG_PAYLOAD_MAX).count() as u64;
+        if self.pos + Log::footprint(payload.len() as u64, chunks) > self.area.len() {
+            return Err(Errno::ENOSPC);
+        }
+        let first = self.next_seq;
+        for chunk in payload.chunks(LOG_PAYLOAD_MAX) {
+            self.append_raw(region, op::BATCH, chunk)?;
+            self.fence(region);
+        }
+        let mut end = Vec::with_capacity(16);
+        end.extend_from_slice(&first.to_le_bytes());
+        end.extend_from_slice(&chunks.to_le_bytes());
+        self.append_raw(region, op::BATCH_END, &end)?;
+        self.fence(region);
+        Ok(())
+    }
+
+    /// Bytes a batch of `len` payload bytes in `chunks` entries takes in
+    /// the log, with the headers, padding and the end entry.
+    pub fn footprint(len: u64, chunks: u64) -> u64 {
+        len + chunks * (LOG_ENTRY_HEADER_SIZE as u64 + LOG_ENTRY_ALIGN) + LOG_ENTRY_ALIGN
+    }
+
+    fn append_raw(&mut self, region: &Region, op: u16, payload: &[u8]) -> Result<(), Errno> {
+        self.buf.clear();
+        let header = LogEntryHeader::new(self.next_seq, op, payload).ok_or(Errno::EINVAL)?;
+        self.buf.extend_from_slice(&header.encode());
+        self.buf.extend_from_slice(payload);
+        self.buf.resize(header.footprint() as usize, 0);
+        self.append_prepared(region)
+    }
+
+    /// Clears the area from the write position to its end, durably. After
+    /// a crash the area past the last valid entry may hold entries of the
+    /// same lap that were torn or written by a recovery that did not
+    /// finish; new entries must not end up followed by such leftovers,
+    /// which would read as acknowledged entries after a damaged one.
+    pub fn clear_tail(&mut self, region: &Region) -> Result<(), Errno> {
+        let from = self.area.offset() + self.pos;
+        let len = self.area.len() - self.pos;
+        region
+            .fill(from, len, 0)
+            .and_then(|()| region.flush(from, len))
+            .map_err(|_| Errno::EIO)?;
+        region.fence();
+        Ok(())
+    }
+
+    /// Starts over at the area's beginning after a retirement that wrote
+    /// everything before `next_seq` into the store. Old entries need no
+    /// erasing: their sequence numbers are all lower, so a scan from
+    /// `next_seq` stops at them. The pages written so far stay allocated,
+    /// so `prefaulted` stays where it is.
     pub fn restart(&mut self) {
         self.pos = 0;
         self.published.store(0, Ordering::Relaxed);

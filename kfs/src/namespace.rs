@@ -26,9 +26,15 @@ use kucofs_common::Errno;
 
 use crate::arena::{Arena, Attrs};
 use crate::record::Record;
+use crate::store::Store;
 
 /// Inode number of the root directory.
 pub const ROOT_INO: u64 = 1;
+
+/// Inode numbers the index's inode table holds.
+pub const MAX_INODES: u64 = ITABLE_CHUNK_INOS * ITABLE_TOP_SLOTS;
+// Every inode number fits the store's owner entries.
+const _: () = assert!(MAX_INODES <= kucofs_common::format::meta::OWNER_INO_MAX);
 
 /// A validated change, waiting for its log entry to become durable.
 #[derive(Debug)]
@@ -92,6 +98,9 @@ pub struct Namespace {
     open: crate::intmap::IntMap<u64, u32>,
     /// The latest time [`Namespace::stamp`] handed out.
     last_stamp: i64,
+    /// What the changes since the last retirement of the log touched in
+    /// the metadata store, and where its records lie.
+    store: Store,
 }
 
 /// The latest stamp of any namespace this process has dropped: a file
@@ -187,6 +196,7 @@ impl Namespace {
             scratch: Vec::new(),
             open: crate::intmap::IntMap::default(),
             last_stamp: DROPPED_STAMP.load(Ordering::Relaxed),
+            store: Store::default(),
         };
         let root_inode = ns.new_inode(
             ROOT_INO,
@@ -200,6 +210,36 @@ impl Namespace {
         ns.arena.put(root_inode + I_PARENT, root_inode)?;
         ns.arena.put(HDR_ROOT, root_inode)?;
         Ok(ns)
+    }
+
+    /// An empty namespace (a root directory owned by `root`) for a new
+    /// image of geometry `g`, whose store holds nothing yet: the root is
+    /// what the first retirement writes.
+    pub fn with_store(
+        root: Creds,
+        time: i64,
+        g: &kucofs_common::format::Geometry,
+    ) -> Result<Namespace, Errno> {
+        let mut ns = Namespace::new(root, time)?;
+        ns.store = Store::new(g);
+        ns.store.inode_made(ROOT_INO, 0);
+        Ok(ns)
+    }
+
+    /// The metadata store's bookkeeping.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The metadata store's bookkeeping, to change.
+    pub fn store_mut(&mut self) -> &mut Store {
+        &mut self.store
+    }
+
+    /// Notes where the store keeps index entry `node`'s record (a field
+    /// only Kfs reads).
+    pub fn set_dirent_slot(&mut self, node: u64, slot: u64) {
+        let _ = self.arena.put(node + D_SLOT, slot);
     }
 
     /// A reader over Kfs's own mapping of the index.
@@ -391,6 +431,7 @@ impl Namespace {
         }
         self.itable_set(ino, inode)?;
         self.take_ino(ino);
+        self.store.inode_made(ino, target.len());
         Ok(inode)
     }
 
@@ -400,6 +441,7 @@ impl Namespace {
         inode: u64,
         f: impl FnOnce(&Attrs<'_>) -> Result<(), Errno>,
     ) -> Result<(), Errno> {
+        self.store.inode_changed(self.arena.get(inode + I_INO));
         self.arena.attrs(inode)?.change(f)
     }
 
@@ -455,7 +497,37 @@ impl Namespace {
         self.itable_set(ino, 0)?;
         self.arena.retire(inode)?;
         self.free_inos.push(ino);
+        self.store.inode_dropped(ino);
         Ok(())
+    }
+
+    /// After recovery: drops the files that have no name (they were open
+    /// when the file system went down, after their last name went).
+    /// Returns how many.
+    pub fn drop_orphans(&mut self) -> Result<u64, Errno> {
+        let mut orphans = Vec::new();
+        {
+            let r = self.reader();
+            for ino in ROOT_INO..self.next_ino {
+                let inode = r.inode_by_ino(ino);
+                if inode != 0 && r.kind(inode) != Some(Kind::Dir) && self.nlink(inode) == 0 {
+                    orphans.push(inode);
+                }
+            }
+        }
+        for &inode in &orphans {
+            self.drop_inode(inode)?;
+        }
+        // Their pages are free, with no reader to wait for.
+        self.replaced.clear();
+        Ok(orphans.len() as u64)
+    }
+
+    /// Takes page `p` out of the files: it waits for its grace period (see
+    /// [`Namespace::drain_replaced`]), and its owner entry is cleared.
+    fn drop_data_page(&mut self, p: u64) {
+        self.replaced.push(p);
+        self.store.page_freed(p);
     }
 
     // ---- resolving requests ----------------------------------------------------
@@ -592,6 +664,7 @@ impl Namespace {
             (mode, creds.gid)
         };
         let ino = self.peek_ino()?;
+        self.store.check_create(ino, name.len(), target.len())?;
         Ok(Outcome::Change(Prepared {
             record: Record::Create {
                 parent: self.reader().ino(p.dir),
@@ -636,6 +709,7 @@ impl Namespace {
         if self.nlink(src) >= u32::MAX - 1 {
             return Err(Errno::EMLINK);
         }
+        self.store.check_entry(name.len())?;
         Ok(Outcome::Change(Prepared {
             record: Record::Link {
                 parent: self.reader().ino(p.dir),
@@ -769,13 +843,15 @@ impl Namespace {
         }
         let sdir_ino = r.ino(sp.dir);
         let ddir_ino = r.ino(dp.dir);
+        let sino = r.ino(sinode);
+        self.store.check_entry(dname.len())?;
         Ok(Outcome::Change(Prepared {
             record: Record::Rename {
                 src_parent: sdir_ino,
                 src_name: Cow::Borrowed(sname),
                 dst_parent: ddir_ino,
                 dst_name: Cow::Borrowed(dname),
-                ino: r.ino(sinode),
+                ino: sino,
                 time,
             },
             plan: Plan {
@@ -1032,9 +1108,9 @@ impl Namespace {
         Ok(self.reply_for(inode))
     }
 
-    // ---- checkpoints -------------------------------------------------------------
+    // ---- loading from the store ----------------------------------------------------
 
-    /// Restores an inode from a checkpoint (the root's attributes overwrite
+    /// Restores an inode from the store (the root's attributes overwrite
     /// the fresh root's).
     pub fn load_inode(&mut self, a: &InodeAttr, target: &[u8]) -> Result<u64, Errno> {
         let inode = match self.reader().inode_by_ino(a.ino) {
@@ -1061,8 +1137,9 @@ impl Namespace {
         Ok(inode)
     }
 
-    /// Restores a directory entry from a checkpoint; both inodes exist.
-    pub fn load_entry(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<(), Errno> {
+    /// Restores a directory entry from the store; both inodes exist.
+    /// Returns the index entry made.
+    pub fn load_entry(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<u64, Errno> {
         check_name(name)?;
         let dir = self.inode_of(parent)?;
         let inode = self.inode_of(ino)?;
@@ -1073,7 +1150,7 @@ impl Namespace {
         if found != 0 {
             return Err(Errno::EEXIST);
         }
-        self.link_entry(dir, name, inode, pred)?;
+        let node = self.link_entry(dir, name, inode, pred)?;
         let entries = self.reader().attr(dir).ok_or(Errno::EIO)?.entries + 1;
         self.update(dir, |a| a.put(dir + I_ENTRIES, entries))?;
         self.maybe_grow(dir)?;
@@ -1084,7 +1161,7 @@ impl Namespace {
             }
             self.update(inode, |a| a.put(inode + I_PARENT, dir))?;
         }
-        Ok(())
+        Ok(node)
     }
 
     /// Calls `f` for every inode that has a name (a directory, or a link

@@ -2,10 +2,10 @@
 //! pools granted to client threads, pages in files, and pages replaced by
 //! a commit that wait for their grace period.
 //!
-//! Only the pages files hold are durable (through the log and the
-//! checkpoint); free space, pools and waiting pages live in DRAM and are
-//! rebuilt at recovery as "every data page no file holds", which is how a
-//! crash gives back the pools that clients held.
+//! Only the pages files and the metadata store hold are durable (the
+//! store's owner table names them); free space, pools and waiting pages
+//! live in DRAM and are rebuilt at recovery as "every data page nobody
+//! holds", which is how a crash gives back the pools that clients held.
 
 mod free;
 
@@ -32,8 +32,10 @@ pub struct Holder {
 const FREE: u32 = 0;
 const USED: u32 = 1;
 const WAITING: u32 = 2;
+/// A page of the metadata store.
+const META: u32 = 3;
 /// States from here up are pools: `POOL + client * SLOTS + slot`.
-const POOL: u32 = 3;
+const POOL: u32 = 4;
 
 impl Holder {
     /// The page state of this holder's pool pages; `None` for a slot that
@@ -63,6 +65,10 @@ pub struct Pages {
     free: FreeMap,
     /// Pages files hold (in state `USED`).
     used: u64,
+    /// Pages the metadata store holds (in state `META`).
+    meta: u64,
+    /// Free pages that grants leave: promised to the metadata store.
+    kept: u64,
     /// Replaced pages: (epoch, page), freed once no reader is older.
     waiting: VecDeque<(u64, u64)>,
     /// One past the highest page ever granted, for the Kfs thread's
@@ -95,32 +101,43 @@ impl StateAddr {
 }
 
 impl Pages {
-    /// The data area of `g`, every page free except those in `used`.
-    /// Fails with the first page that is outside the data area or used
-    /// twice.
-    pub fn new(g: &Geometry, used: impl IntoIterator<Item = u64>) -> Result<Pages, String> {
+    /// The data area of `g`, every page free except those files hold,
+    /// `used`, and those of the metadata store, `meta`. Fails with the
+    /// first page that is outside the data area or held twice.
+    pub fn new(
+        g: &Geometry,
+        used: impl IntoIterator<Item = u64>,
+        meta: impl IntoIterator<Item = u64>,
+    ) -> Result<Pages, String> {
         let first = g.data.start;
         let end = g.data.end();
         let mut state = vec![FREE; (end - first) as usize];
-        for p in used {
+        for (p, mark) in used
+            .into_iter()
+            .map(|p| (p, USED))
+            .chain(meta.into_iter().map(|p| (p, META)))
+        {
             if p < first || p >= end {
                 return Err(format!(
-                    "a file holds page {p}, outside the data pages {first}..{end}"
+                    "page {p} is held, but lies outside the data pages {first}..{end}"
                 ));
             }
             let s = &mut state[(p - first) as usize];
             if *s != FREE {
-                return Err(format!("page {p} is held by two files"));
+                return Err(format!("page {p} is held twice"));
             }
-            *s = USED;
+            *s = mark;
         }
         let used = state.iter().filter(|&&s| s == USED).count() as u64;
+        let meta = state.iter().filter(|&&s| s == META).count() as u64;
         let mut pages = Pages {
             first,
             end,
             free: FreeMap::new(state.len() as u64),
             state,
             used,
+            meta,
+            kept: 0,
             waiting: VecDeque::new(),
             high: Arc::new(AtomicU64::new(first)),
         };
@@ -162,10 +179,46 @@ impl Pages {
         self.free.count()
     }
 
-    /// Pages that files hold; the others are free, in a pool, or waiting
-    /// for their grace period.
+    /// Pages that files and the metadata store hold; the others are
+    /// free, in a pool, or waiting for their grace period.
     pub fn used_pages(&self) -> u64 {
-        self.used
+        self.used + self.meta
+    }
+
+    /// Pages the metadata store holds.
+    pub fn meta_pages(&self) -> u64 {
+        self.meta
+    }
+
+    /// Sets how many free pages grants leave (those promised to the
+    /// metadata store).
+    pub fn keep(&mut self, n: u64) {
+        self.kept = n;
+    }
+
+    /// Pages a grant may take: the free ones less those kept.
+    pub fn grantable(&self) -> u64 {
+        self.free.count().saturating_sub(self.kept)
+    }
+
+    /// Takes the lowest free page for the metadata store.
+    pub fn take_meta(&mut self) -> Option<u64> {
+        let i = self.free.lowest()?;
+        self.free.set(i, 1, false);
+        let p = self.first + i;
+        self.set(p, META);
+        self.meta += 1;
+        self.kept = self.kept.saturating_sub(1);
+        Some(p)
+    }
+
+    /// Gives back a page of the metadata store; it is free at once (no
+    /// client reads store pages, so none waits for a grace period).
+    pub fn release_meta(&mut self, p: u64) {
+        if p >= self.first && p < self.end && self.state(p) == META {
+            self.meta -= 1;
+            self.free_page(p);
+        }
     }
 
     /// Pages waiting for their grace period.
@@ -220,7 +273,10 @@ impl Pages {
     /// free pages are.
     pub fn grant(&mut self, h: Holder, want: u64, long: bool) -> Result<(u64, u64), Errno> {
         let mark = h.state().ok_or(Errno::EINVAL)?;
-        let want = want.max(1);
+        let want = want.max(1).min(self.grantable());
+        if want == 0 {
+            return Err(Errno::ENOSPC);
+        }
         let i = long
             .then(|| self.free.lowest_long())
             .flatten()
@@ -354,19 +410,6 @@ impl Pages {
         let first = u64::from(POOL) + u64::from(client) * SLOTS as u64;
         self.release_marked(first..first + SLOTS as u64)
     }
-
-    /// The pages files hold, as a bitmap (bit `i`: data page `first + i`).
-    pub fn used_bitmap(&self) -> Vec<u8> {
-        let mut bits = vec![0u8; self.state.len().div_ceil(8)];
-        for (i, &s) in self.state.iter().enumerate() {
-            // Waiting pages were replaced but may be read still; the
-            // bitmap describes the files, so they are free in it.
-            if s == USED {
-                bits[i / 8] |= 1 << (i % 8);
-            }
-        }
-        bits
-    }
 }
 
 #[cfg(test)]
@@ -408,7 +451,7 @@ mod tests {
     #[test]
     fn pools_commits_and_grace_periods() {
         let g = geometry();
-        let mut p = Pages::new(&g, []).unwrap();
+        let mut p = Pages::new(&g, [], []).unwrap();
         let total = p.free_pages();
         let (s, n) = p.grant(A, 16, true).unwrap();
         assert_eq!(n, 16);
@@ -434,7 +477,7 @@ mod tests {
     #[test]
     fn a_slot_past_the_last_is_no_holder_and_cannot_take_another_clients_pages() {
         let g = geometry();
-        let mut p = Pages::new(&g, []).unwrap();
+        let mut p = Pages::new(&g, [], []).unwrap();
         // Slot SLOTS of client 0 would encode as slot 0 of client 1.
         let next_client = Holder { client: 1, slot: 0 };
         let (s, _) = p.grant(next_client, 8, true).unwrap();
@@ -451,7 +494,7 @@ mod tests {
     /// A fresh data area whose every page is granted to `A`: the pages,
     /// the first and the count.
     fn all_granted_to_a() -> (Pages, u64, u64) {
-        let mut p = Pages::new(&geometry(), []).unwrap();
+        let mut p = Pages::new(&geometry(), [], []).unwrap();
         let total = p.free_pages();
         let (s, n) = p.grant(A, u64::MAX, true).unwrap();
         assert_eq!(n, total);
@@ -498,18 +541,44 @@ mod tests {
     #[test]
     fn recovery_refuses_pages_outside_or_held_twice() {
         let g = geometry();
-        assert!(Pages::new(&g, [g.data.start, g.data.start]).is_err());
-        assert!(Pages::new(&g, [0]).is_err());
-        let p = Pages::new(&g, [g.data.start + 3]).unwrap();
-        assert_eq!(p.used_pages(), 1);
-        assert_eq!(p.used_by_scan(), 1);
-        assert_eq!(p.used_bitmap()[0], 1 << 3);
+        assert!(Pages::new(&g, [g.data.start], [g.data.start]).is_err());
+        assert!(Pages::new(&g, [0], []).is_err());
+        let p = Pages::new(&g, [g.data.start + 3], [g.data.start + 1]).unwrap();
+        assert_eq!(p.used_pages(), 2);
+        assert_eq!((p.used_by_scan(), p.meta_pages()), (1, 1));
+        assert!(p.in_file(g.data.start + 3) && !p.in_file(g.data.start + 1));
+    }
+
+    #[test]
+    fn store_pages_come_lowest_first_and_grants_leave_those_promised() {
+        let g = geometry();
+        let mut p = Pages::new(&g, [], []).unwrap();
+        let total = p.free_pages();
+        assert_eq!(p.take_meta(), Some(g.data.start));
+        assert_eq!(p.take_meta(), Some(g.data.start + 1));
+        assert_eq!((p.free_pages(), p.meta_pages()), (total - 2, 2));
+        p.release_meta(g.data.start);
+        assert_eq!(p.free_pages(), total - 1);
+        // A page that is not the store's is not given back as one.
+        p.release_meta(g.data.start + 5);
+        assert_eq!(p.free_pages(), total - 1);
+        // With two pages promised, grants take every free page but two.
+        p.keep(2);
+        let mut granted = 0;
+        while p.grantable() > 0 {
+            granted += p.grant(A, 4096, false).unwrap().1;
+        }
+        assert_eq!(granted, total - 1 - 2);
+        assert_eq!(p.grant(A, 8, false), Err(Errno::ENOSPC));
+        assert_eq!(p.free_pages(), 2);
+        assert!(p.take_meta().is_some() && p.take_meta().is_some());
+        assert_eq!(p.take_meta(), None);
     }
 
     #[test]
     fn an_ungranted_pool_run_comes_back_and_the_earlier_one_stays() {
         let g = geometry();
-        let mut p = Pages::new(&g, []).unwrap();
+        let mut p = Pages::new(&g, [], []).unwrap();
         let total = p.free_pages();
         let (s1, n1) = p.grant(A, 8, true).unwrap();
         let (s2, n2) = p.grant(A, 8, true).unwrap();
@@ -524,7 +593,7 @@ mod tests {
     #[test]
     fn freed_pages_are_granted_before_fresh_ones_and_long_grants_skip_short_runs() {
         let g = geometry();
-        let mut p = Pages::new(&g, []).unwrap();
+        let mut p = Pages::new(&g, [], []).unwrap();
         let n = 1024;
         // The pool is committed, then every other page of it replaced.
         let s = pool_in_a_file(&mut p, n);
@@ -547,7 +616,7 @@ mod tests {
     #[test]
     fn a_freed_page_merges_with_the_free_runs_beside_it_and_only_those() {
         let g = geometry();
-        let mut p = Pages::new(&g, []).unwrap();
+        let mut p = Pages::new(&g, [], []).unwrap();
         let n = 16;
         let s = pool_in_a_file(&mut p, n);
         let near = |p: &Pages| -> Vec<(u64, u64)> {
@@ -582,7 +651,7 @@ mod tests {
     #[test]
     fn the_free_count_follows_every_change_of_the_runs() {
         let g = geometry();
-        let mut p = Pages::new(&g, []).unwrap();
+        let mut p = Pages::new(&g, [], []).unwrap();
         let sum = |p: &Pages| runs(p).iter().map(|r| r.1).sum::<u64>();
         assert_eq!(p.free_pages(), sum(&p));
         let (s, n) = p.grant(A, 40, false).unwrap();

@@ -79,6 +79,11 @@ pub mod op {
     pub const SETATTR: u16 = 5;
     pub const WRITE: u16 = 6;
     pub const TRUNCATE: u16 = 7;
+    /// Part of a retirement's batch of store records (not a [`Record`](super::Record)).
+    pub const BATCH: u16 = 16;
+    /// The end of a retirement's batch: its first entry's sequence number
+    /// and its entry count.
+    pub const BATCH_END: u16 = 17;
 }
 
 const NAME: usize = kucofs_common::index::NAME_MAX;

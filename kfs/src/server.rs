@@ -593,9 +593,19 @@ impl Kfs {
         self.volume.lock().as_ref().map(Volume::huge_bytes)
     }
 
-    /// Data pages that files hold; `None` once the volume is closed.
+    /// Data pages that files and the metadata store hold; `None` once the
+    /// volume is closed.
     pub fn used_pages(&self) -> Option<u64> {
         self.volume.lock().as_ref().map(|v| v.pages().used_pages())
+    }
+
+    /// Space for files: (data pages held, inodes that may still be made);
+    /// `None` once the volume is closed.
+    pub fn space(&self) -> Option<(u64, u64)> {
+        self.volume
+            .lock()
+            .as_ref()
+            .map(|v| (v.used_pages(), v.files_free()))
     }
 
     fn stop(&mut self) -> Result<()> {

@@ -1,26 +1,29 @@
 //! An open file system as Kfs holds it: the image, the live namespace, and
-//! the log. Opening one is recovery (DESIGN §10): load the checkpoint the
-//! superblock names, replay the log after it, and mark the image in use;
-//! closing one checkpoints and marks it clean.
+//! the log. Opening one is recovery (see [`crate::recovery`]); every change
+//! is logged, then applied to the namespace; retirements of the log write
+//! what changed into the metadata store (see [`crate::store`]) and start
+//! the log over; closing one retires the log and marks the image clean.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use kucofs_common::format::{scan_log_with, Geometry, Superblock};
-use kucofs_common::pm::{Hardware, Persist};
+use kucofs_common::format::meta::{BatchWrite, BatchWriter};
+use kucofs_common::format::PAGE_SIZE;
+use kucofs_common::pm::{Hardware, Persist, Region};
 use kucofs_common::proto::{Creds, Reply, Request};
 use kucofs_common::Errno;
 
 use kucofs_common::channel::Segment;
-use kucofs_common::index::Kind;
 use parking_lot::Mutex;
 
-use crate::checkpoint;
 use crate::image::Image;
 use crate::log::Log;
 use crate::namespace::{Namespace, Outcome};
 use crate::pages::Pages;
 use crate::record::Record;
+use crate::recovery::{each_write, Replayed};
+use crate::store::{Loaded, StoreUse};
 use crate::{Error, Result};
 
 mod data;
@@ -42,95 +45,45 @@ pub struct Caller {
 /// The request segments whose epoch slots hold back reclamation.
 pub type Readers = Arc<Mutex<Vec<Segment>>>;
 
-/// What recovery found in the log.
+/// Retirements of the log, counted and timed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Replayed {
-    /// Entries replayed.
-    pub entries: u64,
-    /// Bytes they occupied.
-    pub bytes: u64,
+pub struct Retirements {
+    /// Retirements since the volume was opened.
+    pub count: u64,
+    /// The longest one.
+    pub longest: Duration,
+    /// All of them.
+    pub total: Duration,
+    /// Store records written (inodes, entries, owner entries).
+    pub records: u64,
 }
 
-/// Rebuilds the namespace an image describes: its checkpoint plus its log.
-/// `read` copies image bytes at an offset. Returns the namespace and where
-/// the log ends.
-pub fn recover(
-    sb: &Superblock,
-    read: impl Fn(u64, &mut [u8]) -> bool,
-) -> std::result::Result<(Namespace, Replayed), String> {
-    let g = &sb.geometry;
-    let mut ns = match sb.checkpoint {
-        Some(c) => {
-            let (_, body) = checkpoint::read(g, c, &read)?;
-            checkpoint::load(&body)?
-        }
-        None => Namespace::new(Creds::default(), 0).map_err(|e| format!("index: {e}"))?,
-    };
-    let mut replayed = Replayed::default();
-    let mut failure = None;
-    let base = g.log.offset();
-    scan_log_with(
-        g.log.len(),
-        sb.log_seq,
-        |at, buf| read(base + at, buf),
-        |at, h, payload| {
-            if failure.is_some() {
-                return;
-            }
-            let applied = Record::decode(h.op, payload)
-                .map_err(|e| {
-                    format!(
-                        "log entry {} (sequence {}): undecodable: {e:?}",
-                        replayed.entries, h.seq
-                    )
-                })
-                .and_then(|rec| {
-                    ns.apply(&rec).map_err(|e| {
-                        format!(
-                            "log entry {} (sequence {}): replay failed: {e:?}",
-                            replayed.entries, h.seq
-                        )
-                    })
-                });
-            match applied {
-                Ok(_) => {
-                    replayed.entries += 1;
-                    replayed.bytes = at + h.footprint();
+/// Applies a batch's writes to the region and makes them durable: each
+/// range with non-temporal stores, then one fence.
+pub(crate) fn apply_batch(
+    region: &Region,
+    g: &kucofs_common::format::Geometry,
+    batch: &[u8],
+) -> std::result::Result<(), String> {
+    static ZEROS: [u8; PAGE_SIZE as usize] = [0; PAGE_SIZE as usize];
+    each_write(g, batch, |w| {
+        let done = match w {
+            BatchWrite::Bytes(at, b) => region.write_nt(at, b),
+            BatchWrite::Zero(at, len) => {
+                let mut off = 0;
+                let mut r = Ok(());
+                while off < len && r.is_ok() {
+                    let n = (len - off).min(PAGE_SIZE);
+                    r = region.write_nt(at + off, &ZEROS[..n as usize]);
+                    off += n;
                 }
-                Err(why) => failure = Some(why),
+                r
             }
-        },
-    );
-    if let Some(why) = failure {
-        return Err(why);
-    }
-    ns.rebuild_free_inos();
-    // Pages replaced during replay are simply free: free space is rebuilt
-    // from the files.
-    ns.drain_replaced(|_| {});
-    Ok((ns, replayed))
-}
-
-/// Every data page the files of `ns` hold.
-pub fn used_pages(ns: &Namespace) -> Vec<u64> {
-    let mut used = Vec::new();
-    ns.for_each_inode(|a| {
-        if a.kind() == Some(Kind::File) {
-            ns.file_pages(a.offset, |_, p| used.push(p));
-        }
-    });
-    used
-}
-
-/// Writes the checkpoint of a fresh file system: a root directory owned by
-/// `root`, in slot 0, covering the log from sequence 1.
-pub(crate) fn initial_checkpoint(
-    region: &kucofs_common::pm::Region,
-    g: &Geometry,
-    root: Creds,
-) -> std::result::Result<(), Errno> {
-    let ns = Namespace::new(root, crate::namespace::now_ns())?;
-    checkpoint::write(region, g, 0, 1, &ns)
+        };
+        done.map_err(|e| format!("writing the store: {e}"))
+    })?;
+    region.fence();
+    Ok(())
 }
 
 /// An open file system.
@@ -140,7 +93,9 @@ pub struct Volume {
     ns: Namespace,
     log: Log,
     replayed: Replayed,
-    checkpoints: u64,
+    loaded: Loaded,
+    retirements: Retirements,
+    batch: BatchWriter,
     pages: Pages,
     data: data::DataState,
     readers: Readers,
@@ -153,38 +108,59 @@ impl Volume {
     }
 
     /// [`Volume::open`] with a chosen persistence backend.
+    ///
+    /// Recovery: the log walked; its complete batches applied to the store
+    /// (durably, before anything else is written); the store loaded and
+    /// the records after the batches replayed; the area past the log's end
+    /// cleared; then a retirement, which writes what the replay changed
+    /// into the store and starts the log over. A crash at any point of
+    /// this leaves an image that recovers the same way.
     pub fn open_with(path: &Path, persist: Arc<dyn Persist>) -> Result<Volume> {
         let mut image = Image::open_with(path, persist)?;
         let sb = image.superblock().clone();
-        let region = image.region();
-        let (ns, replayed) =
-            recover(&sb, |off, buf| region.read(off, buf).is_ok()).map_err(|why| {
-                Error::Recovery {
-                    path: path.into(),
-                    why,
-                }
-            })?;
-        let pages = Pages::new(&sb.geometry, used_pages(&ns)).map_err(|why| Error::Recovery {
+        let g = sb.geometry;
+        let failed = |why: String| Error::Recovery {
             path: path.into(),
             why,
-        })?;
-        let log = Log::new(
-            sb.geometry.log,
-            replayed.bytes,
-            sb.log_seq + replayed.entries,
-            replayed.entries,
+        };
+        let region = image.region();
+        let read = |off: u64, buf: &mut [u8]| region.read(off, buf).is_ok();
+        let scanned = crate::recovery::scan(&sb, &read).map_err(failed)?;
+        for b in &scanned.batches {
+            apply_batch(region, &g, b).map_err(failed)?;
+        }
+        let (ns, loaded, replayed) =
+            crate::recovery::rebuild(&g, &scanned, &read).map_err(failed)?;
+        let (files, store_pages) = crate::store::held_pages(&ns);
+        let pages = Pages::new(&g, files, store_pages).map_err(failed)?;
+        let mut log = Log::new(
+            g.log,
+            scanned.head.pos,
+            scanned.head.next_seq,
+            scanned.head.entries,
         );
+        if !sb.clean {
+            log.clear_tail(image.region())
+                .map_err(|e| failed(format!("clearing the log's tail: {e:?}")))?;
+        }
         image.set_clean(false)?;
-        Ok(Volume {
+        let mut v = Volume {
             image,
             ns,
             log,
             replayed,
-            checkpoints: 0,
+            loaded,
+            retirements: Retirements::default(),
+            batch: BatchWriter::new(),
             pages,
             data: data::DataState::default(),
             readers: Readers::default(),
-        })
+        };
+        if v.log.entries() > 0 || !v.ns.store().is_clean() {
+            v.checkpoint()
+                .map_err(|e| failed(format!("retiring the log after recovery: {e:?}")))?;
+        }
+        Ok(v)
     }
 
     /// The request segments whose epochs reclamation must wait for.
@@ -275,14 +251,48 @@ impl Volume {
         self.replayed
     }
 
-    /// Checkpoints taken since the volume was opened.
+    /// What recovery read from the store when the volume was opened.
+    pub fn loaded(&self) -> Loaded {
+        self.loaded
+    }
+
+    /// Retirements of the log since the volume was opened (each also
+    /// called a checkpoint).
     pub fn checkpoints(&self) -> u64 {
-        self.checkpoints
+        self.retirements.count
+    }
+
+    /// Retirements of the log, counted and timed.
+    pub fn retirements(&self) -> Retirements {
+        self.retirements
+    }
+
+    /// Pages the metadata store holds.
+    pub fn store_use(&self) -> StoreUse {
+        self.ns.store().usage()
+    }
+
+    /// Data pages files and the metadata store hold, counting those
+    /// promised to the store.
+    pub fn used_pages(&self) -> u64 {
+        self.pages.used_pages() + self.ns.store().promised()
+    }
+
+    /// Inodes the file system can still take, as far as its free pages
+    /// and inode numbers allow.
+    pub fn files_free(&self) -> u64 {
+        let free = self.pages.free_pages();
+        self.ns
+            .store()
+            .files_free(free, self.ns.inode_count(), crate::namespace::MAX_INODES)
     }
 
     /// Handles one request: check it, log it, apply it, and make the log
     /// entry durable before returning the reply.
     pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
+        // What the store may promise: the free pages (grants leave those
+        // promised, below).
+        self.ns.store_mut().set_budget(self.pages.free_pages());
         let r = match self.handle_data(req, caller) {
             Some(r) => r,
             None => self.handle_inner(req, caller.creds),
@@ -291,6 +301,7 @@ impl Volume {
         // durable now, before the reply (and before the volume's lock is
         // released, so the next change is logged after it).
         self.log.fence(self.image.region());
+        self.pages.keep(self.ns.store().promised());
         match r {
             Ok(r) => r,
             Err(e) => Reply::err(e),
@@ -298,11 +309,12 @@ impl Volume {
     }
 
     /// Writes `rec` to the log (durable at the next [`Log::fence`], which
-    /// [`Volume::handle`] makes before it replies), checkpointing first if
-    /// it does not fit. Index space for applying it is made to exist first: once a
-    /// change that allocates is logged, applying it cannot run out of
-    /// index space half-way. Changes that allocate nothing (removals above
-    /// all) need no room, so a full index can still be emptied.
+    /// [`Volume::handle`] makes before it replies), retiring the log first
+    /// if it does not fit. Index space for applying it is made to exist
+    /// first: once a change that allocates is logged, applying it cannot
+    /// run out of index space half-way. Changes that allocate nothing
+    /// (removals above all) need no room, so a full index can still be
+    /// emptied.
     fn log_record(&mut self, rec: &Record<'_>) -> std::result::Result<(), Errno> {
         if rec.allocates() {
             self.ns.make_room()?;
@@ -316,11 +328,13 @@ impl Volume {
         self.log.append_prepared(self.image.region())
     }
 
-    /// Checkpoints once the log is three quarters full.
+    /// Retires the log once its entries and the store records they call
+    /// for reach [`Geometry::retire_bytes`](kucofs_common::format::Geometry::retire_bytes).
     fn maybe_checkpoint(&mut self) {
-        if self.log.fill() > self.log.capacity() / 4 * 3 {
-            // Best effort: a failed checkpoint leaves the log to fill up,
-            // and the next change that does not fit retries it.
+        let due = self.image.superblock().geometry.retire_bytes();
+        if self.log.fill() + self.ns.store().pending_bytes() >= due {
+            // Best effort: a retirement that failed leaves the log to fill
+            // up, and the next change that does not fit tries again.
             let _ = self.checkpoint();
         }
     }
@@ -342,58 +356,61 @@ impl Volume {
         Ok(reply)
     }
 
-    /// Writes a checkpoint of the whole namespace and starts the log over.
+    /// Retires the log: writes every store record the changes logged
+    /// since the last retirement touched, as one batch logged before it
+    /// is copied into place, then names the log's next entry in the
+    /// superblock and starts the log over. Its work is proportional to
+    /// those changes. A crash before the batch's end is durable leaves
+    /// the store as it was and the changes in the log; after it, recovery
+    /// applies the batch again.
     pub fn checkpoint(&mut self) -> std::result::Result<(), Errno> {
-        let sb = self.image.superblock().clone();
-        let slot = match sb.checkpoint {
-            Some(c) => 1 - (c.slot & 1),
-            None => 0,
-        };
+        let t0 = Instant::now();
+        let region = self.image.region();
         // The entries it covers are durable before it is.
-        self.log.fence(self.image.region());
-        let seq = self.log.next_seq();
-        checkpoint::write(self.image.region(), &sb.geometry, slot, seq, &self.ns)?;
-        let mut next = sb;
-        next.checkpoint = Some(kucofs_common::format::CheckpointRef { slot, seq });
-        next.log_seq = seq;
+        self.log.fence(region);
+        self.batch.clear();
+        let reserve = |p: u64| region.reserve(p * PAGE_SIZE, PAGE_SIZE).is_ok();
+        let out = crate::store::retire(&mut self.ns, &mut self.pages, &mut self.batch, &reserve)?;
+        let g = self.image.superblock().geometry;
+        if !self.batch.bytes().is_empty() {
+            self.log.append_batch(region, self.batch.bytes())?;
+            apply_batch(region, &g, self.batch.bytes()).map_err(|_| Errno::EIO)?;
+        }
+        let mut next = self.image.superblock().clone();
+        next.log_seq = self.log.next_seq();
         self.image.update_superblock(next).map_err(|_| Errno::EIO)?;
         self.log.restart();
-        self.checkpoints += 1;
+        crate::store::retired(&mut self.ns, &mut self.pages);
+        self.pages.keep(self.ns.store().promised());
+        self.protect_store_pages(&out.taken);
+        let took = t0.elapsed();
+        let r = &mut self.retirements;
+        r.count += 1;
+        r.total += took;
+        r.longest = r.longest.max(took);
+        r.records += out.inodes + out.entries + out.cleared + out.owners;
         Ok(())
     }
 
-    /// Checkpoints if the log holds anything (Kfs calls this when idle).
+    /// Retires the log if anything changed since the last retirement (Kfs
+    /// calls this when idle).
     pub fn checkpoint_if_dirty(&mut self) -> std::result::Result<bool, Errno> {
-        if self.log.entries() == 0 {
+        if self.log.entries() == 0 && self.ns.store().is_clean() {
             return Ok(false);
         }
         self.checkpoint()?;
         Ok(true)
     }
 
-    /// Closes cleanly: a final checkpoint, the free-page bitmap, then the
-    /// clean flag.
+    /// Closes cleanly: a last retirement, then the clean flag.
     pub fn close(mut self) -> Result<()> {
-        let io = |v: &Volume, action, e: Errno| {
+        self.checkpoint().map_err(|e| {
             Error::Region(kucofs_common::Error::Io {
-                action,
-                path: v.image.region().path().into(),
+                action: "retire the log of",
+                path: self.image.region().path().into(),
                 cause: e.into(),
             })
-        };
-        self.checkpoint().map_err(|e| io(&self, "checkpoint", e))?;
-        // The bitmap describes the files the checkpoint holds: a file
-        // unlinked while open holds pages still, but not in the checkpoint.
-        let g = self.image.superblock().geometry;
-        let bitmap = Pages::new(&g, used_pages(&self.ns))
-            .map_err(|_| io(&self, "count the pages of", Errno::EIO))?
-            .used_bitmap();
-        let area = g.bitmap;
-        let region = self.image.region();
-        region
-            .write(area.offset(), &bitmap)
-            .and_then(|()| region.persist(area.offset(), bitmap.len() as u64))
-            .map_err(|_| io(&self, "write the free-page bitmap of", Errno::EIO))?;
+        })?;
         self.image.set_clean(true)
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::channel::{Doorbell, Segment, SLOTS};
-use kucofs_common::format::{Geometry, CHECKPOINT_HEADER_SIZE};
+use kucofs_common::format::Geometry;
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Kind, NAME_MAX};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
@@ -908,25 +908,21 @@ impl Fs {
     pub fn statfs(&self) -> io::Result<StatFs> {
         let g = self.inner.geometry;
         let inodes = self.inner.with_index(|r| r.inode_count())?;
-        let used = self
+        let (used, files_free) = self
             .inner
             .kfs
             .lock()
             .as_ref()
-            .and_then(|k| k.used_pages())
+            .and_then(|k| k.space())
             .ok_or_else(|| err(Errno::ENOTCONN))?;
-        // Each file costs about this much in a checkpoint (inode record,
-        // entry record with a short name): the slot bounds the file count.
-        let per_file = 128;
-        let files = (g.ckpt_slot_pages * kucofs_common::format::PAGE_SIZE
-            - CHECKPOINT_HEADER_SIZE as u64)
-            / per_file;
+        // Inodes take pages from the same free space as data: the count
+        // that may still be made is what the free pages hold.
         Ok(StatFs {
             block_size: kucofs_common::format::PAGE_SIZE,
             blocks: g.data.pages,
             blocks_free: g.data.pages.saturating_sub(used),
-            files,
-            files_free: files.saturating_sub(inodes),
+            files: inodes + files_free,
+            files_free,
             name_max: NAME_MAX as u64,
         })
     }

@@ -161,9 +161,11 @@ pub struct StatFs {
     /// Data pages no file holds (free ones, and those in write pools or
     /// waiting for readers to move on, which become free by themselves).
     pub blocks_free: u64,
-    /// Inodes the file system can hold (bounded by the checkpoint slot).
+    /// Inodes in use plus those the free space can still hold (inodes
+    /// take pages from the same free space as data).
     pub files: u64,
-    /// Inodes free.
+    /// Inodes the free space can still hold, each with a short-named
+    /// entry.
     pub files_free: u64,
     /// Longest name.
     pub name_max: u64,

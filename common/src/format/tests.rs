@@ -11,7 +11,6 @@ fn superblock_for(size: u64) -> Superblock {
         uuid: [7; 16],
         created_ns: 42,
         geometry: Geometry::for_size(size).unwrap(),
-        checkpoint: None,
         log_seq: 1,
     }
 }
@@ -22,11 +21,18 @@ proptest! {
         let g = Geometry::for_size(size).unwrap();
         prop_assert_eq!(g.validate(), Ok(()));
         prop_assert!(g.size <= size && size - g.size < PAGE_SIZE);
-        prop_assert!(g.bitmap.pages * BITS_PER_BITMAP_PAGE >= g.data.pages);
-        // The bitmap is no bigger than it must be: one page fewer could not
-        // cover the data pages that page would then leave to the data.
-        prop_assert!((g.bitmap.pages - 1) * BITS_PER_BITMAP_PAGE < g.data.pages + 1);
-        prop_assert!((LOG_PAGES_MIN..=LOG_PAGES_MAX).contains(&g.log.pages));
+        prop_assert!(g.owners.pages * OWNERS_PER_PAGE >= g.data.pages);
+        // The owner table is no bigger than it must be: one page fewer could
+        // not cover the data pages that page would then leave to the data.
+        prop_assert!((g.owners.pages - 1) * OWNERS_PER_PAGE < g.data.pages + 1);
+        // The log holds a rewrite of the whole owner table and two
+        // retirement periods, and the two take about 1/256 of a large image.
+        prop_assert!(g.log.pages >= log_pages_for(g.owners.pages, RETIRE_PAGES_MIN));
+        prop_assert!(g.retire_bytes() >= PAGE_SIZE);
+        if size >= 1 << 30 {
+            let overhead = g.log.pages + g.owners.pages;
+            prop_assert!(overhead * 200 < size / PAGE_SIZE, "{} of {}", overhead, size / PAGE_SIZE);
+        }
     }
 
     #[test]
@@ -37,7 +43,6 @@ proptest! {
         clean: bool,
         uuid: [u8; 16],
         created_ns: u64,
-        ckpt in proptest::option::of((0u8..2, any::<u64>())),
         log_seq: u64,
     ) {
         let sb = Superblock {
@@ -48,7 +53,6 @@ proptest! {
             uuid,
             created_ns,
             geometry: Geometry::for_size(size).unwrap(),
-            checkpoint: ckpt.map(|(slot, seq)| CheckpointRef { slot, seq }),
             log_seq,
         };
         let bytes = sb.encode();
@@ -127,8 +131,9 @@ fn reseal(bytes: &mut [u8; SUPERBLOCK_SIZE]) {
 
 #[test]
 fn valid_copies_of_other_versions_and_features_are_named() {
-    // Version 1 (32-byte log entry headers) and a version from later.
-    for v in [1, FORMAT_VERSION + 1] {
+    // Version 1 (32-byte log entry headers), 2 (checkpoint slots) and a
+    // version from later.
+    for v in [1, 2, FORMAT_VERSION + 1] {
         let mut b = superblock_for(8 << 20).encode();
         b[8..12].copy_from_slice(&v.to_le_bytes());
         reseal(&mut b);
@@ -149,9 +154,9 @@ fn valid_copies_of_other_versions_and_features_are_named() {
 
 #[test]
 fn resealed_nonsense_geometry_is_refused_without_overflow() {
-    // Each geometry field (offsets 72..152) set to extreme values and
+    // Each geometry field (offsets 72..136) set to extreme values and
     // resealed: decode must refuse with BadGeometry or BadField, not panic.
-    for field in (72..152).step_by(8) {
+    for field in (72..136).step_by(8) {
         for v in [0u64, 1, u64::MAX, u64::MAX / 2, 1 << 40] {
             let mut b = superblock_for(16 << 20).encode();
             b[field..field + 8].copy_from_slice(&v.to_le_bytes());
@@ -215,15 +220,85 @@ fn an_entry_of_up_to_48_payload_bytes_is_one_line_and_a_payload_of_64_kib_is_ref
     );
 }
 
-/// Where the pages left after the log and checkpoints are one more than a
-/// multiple of a bitmap page plus the data pages it covers, one page can
-/// go neither to the data (it would need a bitmap page more) nor nowhere
-/// (the areas tile the image): the bitmap keeps it, covering nothing.
+/// Where the pages left after the log are one more than a multiple of an
+/// owner page plus the data pages it covers, one page can go neither to the
+/// data (it would need an owner page more) nor nowhere (the areas tile the
+/// image): the owner table keeps it, covering nothing.
 #[test]
-fn a_rest_one_past_a_whole_number_of_bitmap_groups_leaves_the_bitmap_a_spare_page() {
-    let g = Geometry::for_size(3_994_288_054_272).unwrap();
+fn a_rest_one_past_a_whole_number_of_owner_groups_leaves_the_table_a_spare_page() {
+    let size = (0u64..)
+        .map(|k| (1u64 << 30) + k * PAGE_SIZE)
+        .find(|&s| {
+            let g = Geometry::for_size(s).unwrap();
+            (g.owners.pages + g.data.pages) % (OWNERS_PER_PAGE + 1) == 1
+        })
+        .unwrap();
+    let g = Geometry::for_size(size).unwrap();
     assert_eq!(g.validate(), Ok(()));
-    let rest = g.bitmap.pages + g.data.pages;
-    assert_eq!(rest % (BITS_PER_BITMAP_PAGE + 1), 1);
-    assert_eq!((g.bitmap.pages - 1) * BITS_PER_BITMAP_PAGE, g.data.pages);
+    assert_eq!((g.owners.pages - 1) * OWNERS_PER_PAGE, g.data.pages);
+}
+
+#[test]
+fn a_log_that_cannot_hold_a_rewrite_of_the_owner_table_is_refused() {
+    let mut g = Geometry::for_size(64 << 20).unwrap();
+    g.log.pages = g.owners.pages;
+    g.owners.start = g.log.end();
+    g.data.start = g.owners.end();
+    g.data.pages = g.size / PAGE_SIZE - g.data.start;
+    assert!(matches!(g.validate(), Err(GeometryError::Inconsistent(_))));
+}
+
+fn lap(first_seq: u64, entries: usize) -> (Vec<u8>, Vec<u64>) {
+    const H: usize = LOG_ENTRY_HEADER_SIZE;
+    let mut log = vec![0u8; 16 * 1024];
+    let mut offsets = Vec::new();
+    let mut at = 0usize;
+    for i in 0..entries {
+        let payload = vec![i as u8; 30 + 20 * (i % 4)];
+        let h = LogEntryHeader::new(first_seq + i as u64, 1, &payload).unwrap();
+        log[at..at + H].copy_from_slice(&h.encode());
+        log[at + H..at + H + payload.len()].copy_from_slice(&payload);
+        offsets.push(at as u64);
+        at += h.footprint() as usize;
+    }
+    (log, offsets)
+}
+
+#[test]
+fn damage_with_entries_after_it_is_told_from_a_torn_end() {
+    let (mut log, offsets) = lap(100, 10);
+    let len = log.len() as u64;
+    let end = scan_log_with(len, 100, slice_reader(&log), |_, _, _| {});
+    assert_eq!((end.entries, end.next_seq), (10, 110));
+    assert_eq!(find_damage(len, 100, &end, slice_reader(&log)), None);
+    // The last entry torn: the end, not damage.
+    log[offsets[9] as usize + 20] ^= 0x10;
+    let end = scan_log_with(len, 100, slice_reader(&log), |_, _, _| {});
+    assert_eq!(end.entries, 9);
+    assert_eq!(find_damage(len, 100, &end, slice_reader(&log)), None);
+    // Bit 4 of an earlier entry's first byte flipped: five acknowledged
+    // entries follow it, and the scan says so.
+    log[offsets[3] as usize] ^= 0x10;
+    let end = scan_log_with(len, 100, slice_reader(&log), |_, _, _| {});
+    assert_eq!(end.entries, 3);
+    let damage = find_damage(len, 100, &end, slice_reader(&log)).unwrap();
+    assert_eq!(
+        (damage.at, damage.seq, damage.following),
+        (offsets[3], 103, 5)
+    );
+    assert!(damage.to_string().contains("sequence 103"));
+}
+
+#[test]
+fn entries_of_an_earlier_lap_past_the_end_are_not_damage() {
+    // An earlier lap wrote 10 entries; the lap after it, starting over at
+    // the area's beginning with higher sequences, wrote 3 over them.
+    let (mut log, _) = lap(100, 10);
+    let (newer, offsets) = lap(500, 3);
+    let over = offsets[2] as usize + 128;
+    log[..over].copy_from_slice(&newer[..over]);
+    let len = log.len() as u64;
+    let end = scan_log_with(len, 500, slice_reader(&log), |_, _, _| {});
+    assert_eq!(end.entries, 3);
+    assert_eq!(find_damage(len, 500, &end, slice_reader(&log)), None);
 }

@@ -9,16 +9,16 @@
 //! item header word (every item, offset 0):
 //!   bits 0..16 tag | bits 16..32 size class | bits 32..64 generation
 //!
-//! inode (128 bytes)           dirent (56 + name bytes)
+//! inode (128 bytes)           dirent (64 + name bytes)
 //!   8  ino                      8  hash       (key, with the name)
 //!  16  seq (sequence lock)     16  inode      (offset of the inode)
 //!  24  mode u32, nlink u32     24  ino
 //!  32  uid u32, gid u32        32  dir        (offset of the directory's inode)
 //!  40  size                    40  name_len u16 | kind u8 (bits 24..32)
 //!  48  atime, mtime, ctime     48  next       (offset; 0 = end)
-//!  72  data (dir: list head;   56  name
-//!       symlink: target item;
-//!       file: block map word)
+//!  72  data (dir: list head;   56  slot       (Kfs's: where the store
+//!       symlink: target item;       keeps the entry; 0 = not yet)
+//!       file: block map word)  64  name
 //!  80  parent (dir: its parent's inode; file: last commit version)
 //!  88  entries (dir: entry count; file: data pages held)
 //!  96  btime (creation)
@@ -42,8 +42,9 @@
 //! bucket's slot, sentinel and the entries below the name, and not the
 //! node after them.
 
-/// "KucoIDX2" (2: directory links carry their next node's hash tag).
-pub const MAGIC: u64 = u64::from_le_bytes(*b"KucoIDX2");
+/// "KucoIDX3" (2: directory links carry their next node's hash tag; 3:
+/// entries carry their store slot).
+pub const MAGIC: u64 = u64::from_le_bytes(*b"KucoIDX3");
 
 // Arena header.
 /// Magic.
@@ -158,8 +159,12 @@ pub const D_DIR: u64 = 32;
 pub const D_SHAPE: u64 = 40;
 /// The link to the next node in key order (see [`link`]).
 pub const D_NEXT: u64 = 48;
+/// Where the metadata store keeps the entry's record (Kfs's own field;
+/// readers never load it): its data page shifted left 8 bits, or'd with
+/// its slot in that page; 0 until a retirement of the log writes it.
+pub const D_SLOT: u64 = 56;
 /// The name's bytes.
-pub const D_NAME: u64 = 56;
+pub const D_NAME: u64 = 64;
 
 /// Bits of a link that hold the next node's offset: an index is never
 /// larger than 2^36 bytes.

@@ -1,7 +1,7 @@
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use kucofs_common::format::{CheckpointRef, LogEntryHeader, LOG_ENTRY_HEADER_SIZE, MIN_IMAGE_SIZE};
+use kucofs_common::format::{LogEntryHeader, LOG_ENTRY_HEADER_SIZE, MIN_IMAGE_SIZE};
 use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
 
@@ -190,7 +190,7 @@ fn the_newer_valid_copy_wins() {
     let newer = Superblock {
         seq: 9,
         clean: false,
-        checkpoint: Some(CheckpointRef { slot: 1, seq: 77 }),
+        log_seq: 77,
         ..original.clone()
     };
     patch(&path, SUPERBLOCK_OFFSETS[1], &newer.encode());
@@ -291,20 +291,33 @@ fn inspect_reports_a_fresh_image_and_respects_the_lock() {
     let sb = mkfs(&path, 64 << 20, false).unwrap();
     let report = inspect(&path).unwrap();
     assert_eq!(report.superblock, sb);
-    assert_eq!((report.used_pages, report.log_entries), (0, 0));
+    // The root directory's inode page is the only page in use.
+    assert_eq!((report.file_pages, report.log_entries), (0, 0));
+    assert_eq!(report.store.pages(), 1);
     assert!(report.other_copy_valid);
     assert_eq!(report.mode, MapMode::Emulated);
     let text = report.to_string();
     for needle in ["clean", "emulated", "64.0 MiB", "log:", "0 entries"] {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
-    // Mark three data pages used and one log entry written.
-    patch(&path, sb.geometry.bitmap.offset(), &[0b1011]);
+    // Give three data pages to a file and write one log entry.
+    let g = sb.geometry;
+    for (i, p) in [5u64, 6, 9].into_iter().enumerate() {
+        let o = kucofs_common::format::meta::Owner::File {
+            ino: 7,
+            page: i as u64,
+        };
+        patch(
+            &path,
+            g.owner_offset(g.data.start + p),
+            &o.encode().unwrap().to_le_bytes(),
+        );
+    }
     let h = LogEntryHeader::new(sb.log_seq, 2, &[1u8; 100]).unwrap();
     patch(&path, sb.geometry.log.offset(), &h.encode());
     patch(&path, sb.geometry.log.offset() + H, &[1u8; 100]);
     let report = inspect(&path).unwrap();
-    assert_eq!((report.used_pages, report.log_entries), (3, 1));
+    assert_eq!((report.file_pages, report.log_entries), (3, 1));
     // A 16-byte header and 100 bytes of payload, padded to two lines.
     assert_eq!(report.log_bytes, 128);
 

@@ -155,7 +155,17 @@ impl Namespace {
         a.put(node + D_SHAPE, shape(name.len() as u16, kind.to_byte()))?;
         a.put_bytes(node + D_NAME, name)?;
         a.put(node + D_NEXT, next)?;
+        self.store.entry_made(node, name.len());
         Ok(node)
+    }
+
+    /// Notes that entry `node` leaves the index (its store record goes at
+    /// the next retirement).
+    fn entry_gone(&mut self, node: u64) {
+        if self.store.enabled() {
+            let len = (self.arena.get(node + D_SHAPE) & 0xffff) as usize;
+            self.store.entry_removed(self.arena.get(node + D_SLOT), len);
+        }
     }
 
     /// Links a new entry for `inode` into `dir` after `pred`.
@@ -192,6 +202,7 @@ impl Namespace {
         let next = r.link(old);
         let node = self.new_entry(dir, info.hash, &info.name, inode, next)?;
         self.arena.put(pred + D_NEXT, link(node, info.hash))?;
+        self.entry_gone(old);
         self.arena.retire(old)?;
         Ok(node)
     }
@@ -204,6 +215,7 @@ impl Namespace {
             return Err(Errno::EIO);
         }
         self.arena.put(pred + D_NEXT, r.link(node))?;
+        self.entry_gone(node);
         self.arena.retire(node)
     }
 

@@ -245,10 +245,16 @@ impl Namespace {
         for &e in &replaced {
             if e != 0 {
                 dropped += 1;
-                self.replaced.push(entry_page(e));
+                self.drop_data_page(entry_page(e));
             }
         }
         self.scratch = replaced;
+        if self.store.enabled() {
+            let ino = self.arena.get(inode + I_INO);
+            for (i, &p) in pages.iter().enumerate() {
+                self.store.page_owned(p, ino, first + i as u64);
+            }
+        }
         let blocks = self.arena.get(inode + I_BLOCKS) + n - dropped;
         self.update(inode, |a| {
             a.put(inode + I_VERSION, version)?;
@@ -315,8 +321,9 @@ impl Namespace {
             w.set_entry(p, 0);
         }
         let blocks = self.arena.get(inode + I_BLOCKS) - dropped.len() as u64;
-        self.replaced
-            .extend(dropped.iter().map(|&(_, e)| entry_page(e)));
+        for &(_, e) in &dropped {
+            self.drop_data_page(entry_page(e));
+        }
         self.update(inode, |a| a.put(inode + I_BLOCKS, blocks))
     }
 
@@ -328,7 +335,9 @@ impl Namespace {
         w.for_each(|_, e| pages.push(entry_page(e)));
         let mut nodes = Vec::new();
         w.nodes(&mut nodes);
-        self.replaced.extend(pages);
+        for p in pages {
+            self.drop_data_page(p);
+        }
         for n in nodes {
             self.arena.retire(n)?;
         }

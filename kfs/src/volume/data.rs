@@ -773,6 +773,26 @@ impl Volume {
         Ok(())
     }
 
+    /// Makes pages the metadata store just took read-only in every
+    /// client's view that may still have them writable (a page a file
+    /// gave up stays writable in its writer's view until it is granted
+    /// elsewhere, see [`Pending::flip`]). Best effort: a change that
+    /// fails leaves the page's state unknown in that view, and the next
+    /// decision about it changes it again.
+    pub(super) fn protect_store_pages(&mut self, taken: &[u64]) {
+        if taken.is_empty() {
+            return;
+        }
+        let changes = &mut self.data.changes;
+        for c in self.data.clients.values_mut() {
+            let Some(v) = &mut c.view else { continue };
+            for &p in taken {
+                v.set(p, 1, false, changes);
+            }
+        }
+        let _ = self.settle_protection();
+    }
+
     /// Puts the pages the namespace replaced or dropped to wait for their
     /// grace period.
     pub(super) fn retire_replaced(&mut self) {

@@ -1,0 +1,255 @@
+//! Recovery (docs/ARCHITECTURE.md, "Recovery"): the namespace an image
+//! describes, rebuilt from its metadata store and its log.
+//!
+//! The log holds, from its start, the entries logged since the last
+//! retirement that reached the superblock: redo records of changes, and
+//! the batches of store records of retirements that did not (each a run
+//! of batch entries closed by an end entry). Recovery
+//!
+//! 1. walks the log, and tells a torn end (a crash) from damage (a bad
+//!    entry with acknowledged ones after it, which it refuses);
+//! 2. applies every complete batch to the store, in order: a batch holds
+//!    whole records at fixed places, so applying one again changes
+//!    nothing, whatever part of it reached the store before the crash; a
+//!    batch without its end was never applied and is ignored;
+//! 3. loads the store, one pass over its pages;
+//! 4. replays the records after the last complete batch, in order: the
+//!    store held everything before it.
+//!
+//! Its work is one pass over the store plus the log, which holds at most
+//! a retirement period's entries.
+
+use std::collections::HashMap;
+
+use kucofs_common::format::meta::{batch_writes, BatchWrite};
+use kucofs_common::format::{find_damage, scan_log_with, Geometry, LogEnd, Superblock, PAGE_SIZE};
+
+use crate::namespace::Namespace;
+use crate::record::{op, Record};
+use crate::store::Loaded;
+
+/// What recovery found in the log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Redo records replayed.
+    pub entries: u64,
+    /// Bytes the log's valid entries occupy.
+    pub bytes: u64,
+    /// Complete retirement batches applied.
+    pub batches: u64,
+}
+
+/// The log of an image, walked: what to apply and what to replay.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    /// The payloads of the complete batches, in order (each the
+    /// concatenation of its entries' payloads).
+    pub batches: Vec<Vec<u8>>,
+    /// The redo records after the last complete batch: (sequence,
+    /// operation, payload).
+    pub replay: Vec<(u64, u16, Vec<u8>)>,
+    /// Where new entries go: past the last valid entry, or at the start
+    /// of a batch that has no end (it is overwritten).
+    pub head: LogEnd,
+}
+
+/// Walks the log of the image `sb` describes, reading image bytes through
+/// `read`. Fails on damage: an entry that fails its checks with
+/// acknowledged entries after it, or entries in an order no run of Kfs
+/// writes.
+pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Scanned, String> {
+    let g = &sb.geometry;
+    let base = g.log.offset();
+    let area = |at: u64, buf: &mut [u8]| read(base + at, buf);
+    let mut out = Scanned::default();
+    // An open batch: where it starts, its first sequence, its payload.
+    let mut open: Option<(u64, u64, Vec<u8>)> = None;
+    let mut fault = None;
+    let end = scan_log_with(g.log.len(), sb.log_seq, area, |at, h, payload| {
+        if fault.is_some() {
+            return;
+        }
+        match h.op {
+            op::BATCH => {
+                let b = open.get_or_insert_with(|| (at, h.seq, Vec::new()));
+                b.2.extend_from_slice(payload);
+            }
+            op::BATCH_END => {
+                let Some((_, first, body)) = open.take() else {
+                    fault = Some(format!("log entry {}: a batch end with no batch", h.seq));
+                    return;
+                };
+                let mut want = [0u8; 16];
+                want[..8].copy_from_slice(&first.to_le_bytes());
+                want[8..].copy_from_slice(&(h.seq - first).to_le_bytes());
+                if payload != want {
+                    fault = Some(format!(
+                        "log entry {}: a batch end that does not match its batch",
+                        h.seq
+                    ));
+                    return;
+                }
+                out.batches.push(body);
+                // Everything before the batch is in it.
+                out.replay.clear();
+            }
+            _ if open.is_some() => {
+                fault = Some(format!("log entry {}: a change inside a batch", h.seq));
+            }
+            _ => out.replay.push((h.seq, h.op, payload.to_vec())),
+        }
+    });
+    if let Some(f) = fault {
+        return Err(f);
+    }
+    if !sb.clean {
+        if let Some(d) = find_damage(g.log.len(), sb.log_seq, &end, area) {
+            return Err(d.to_string());
+        }
+    }
+    out.head = end;
+    if let Some((at, first, _)) = open {
+        // A batch whose end never became durable: its retirement did not
+        // happen, and new entries go where it began.
+        out.head.pos = at;
+        out.head.next_seq = first;
+        out.head.entries -= end.next_seq - first;
+    }
+    Ok(out)
+}
+
+/// Checks that a batch writes only inside the owner table and the data
+/// pages, and hands each of its writes to `apply`, in order.
+pub fn each_write(
+    g: &Geometry,
+    batch: &[u8],
+    mut apply: impl FnMut(BatchWrite<'_>) -> Result<(), String>,
+) -> Result<(), String> {
+    let lo = g.owners.offset();
+    let hi = g.size;
+    for w in batch_writes(batch) {
+        let w = w.map_err(|e| format!("a retirement batch in the log: {e}"))?;
+        let (at, len) = w.range();
+        if at < lo || at.checked_add(len).is_none_or(|e| e > hi) {
+            return Err(format!(
+                "a retirement batch in the log writes {len} bytes at {at}, outside the store"
+            ));
+        }
+        apply(w)?;
+    }
+    Ok(())
+}
+
+/// The image as it reads with the complete batches applied, without
+/// writing it (for fsck): the pages the batches touch, held in memory.
+#[derive(Debug, Default)]
+pub struct Overlay {
+    pages: HashMap<u64, Box<[u8]>>,
+}
+
+impl Overlay {
+    /// The pages `batches` write, applied in order over what `read` reads.
+    pub fn new(
+        g: &Geometry,
+        batches: &[Vec<u8>],
+        read: &dyn Fn(u64, &mut [u8]) -> bool,
+    ) -> Result<Overlay, String> {
+        let mut o = Overlay::default();
+        for b in batches {
+            each_write(g, b, |w| {
+                let (at, len) = w.range();
+                let mut done = 0;
+                while done < len {
+                    let off = at + done;
+                    let page = off / PAGE_SIZE;
+                    let in_page = (off % PAGE_SIZE) as usize;
+                    let n = (len - done).min(PAGE_SIZE - in_page as u64) as usize;
+                    let p = match o.pages.entry(page) {
+                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            let mut buf = vec![0u8; PAGE_SIZE as usize].into_boxed_slice();
+                            if !read(page * PAGE_SIZE, &mut buf) {
+                                return Err(format!("page {page} is outside the image"));
+                            }
+                            e.insert(buf)
+                        }
+                    };
+                    match w {
+                        BatchWrite::Bytes(_, b) => p[in_page..in_page + n]
+                            .copy_from_slice(&b[done as usize..done as usize + n]),
+                        BatchWrite::Zero(..) => p[in_page..in_page + n].fill(0),
+                    }
+                    done += n as u64;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(o)
+    }
+
+    /// Reads image bytes at `off`: the overlay's pages where it has them,
+    /// else through `read`.
+    pub fn read(&self, off: u64, buf: &mut [u8], read: &dyn Fn(u64, &mut [u8]) -> bool) -> bool {
+        if !read(off, buf) {
+            return false;
+        }
+        if self.pages.is_empty() {
+            return true;
+        }
+        let end = off + buf.len() as u64;
+        let mut page = off / PAGE_SIZE;
+        while page * PAGE_SIZE < end {
+            if let Some(p) = self.pages.get(&page) {
+                let from = (page * PAGE_SIZE).max(off);
+                let to = ((page + 1) * PAGE_SIZE).min(end);
+                buf[(from - off) as usize..(to - off) as usize].copy_from_slice(
+                    &p[(from - page * PAGE_SIZE) as usize..(to - page * PAGE_SIZE) as usize],
+                );
+            }
+            page += 1;
+        }
+        true
+    }
+}
+
+/// Rebuilds the namespace: loads the store through `read` (which must
+/// see the complete batches applied) and replays the log's records after
+/// them.
+pub fn rebuild(
+    g: &Geometry,
+    scanned: &Scanned,
+    read: &dyn Fn(u64, &mut [u8]) -> bool,
+) -> Result<(Namespace, Loaded, Replayed), String> {
+    let (mut ns, loaded) = crate::store::load(g, read)?;
+    let mut replayed = Replayed {
+        entries: 0,
+        bytes: scanned.head.pos,
+        batches: scanned.batches.len() as u64,
+    };
+    for (seq, op, payload) in &scanned.replay {
+        let rec = Record::decode(*op, payload)
+            .map_err(|e| format!("log entry {seq}: undecodable: {e:?}"))?;
+        ns.apply(&rec)
+            .map_err(|e| format!("log entry {seq}: replay failed: {e:?}"))?;
+        replayed.entries += 1;
+    }
+    ns.rebuild_free_inos();
+    // Pages replaced during replay are simply free: free space is rebuilt
+    // from the owner entries.
+    ns.drain_replaced(|_| {});
+    Ok((ns, loaded, replayed))
+}
+
+/// Recovers the namespace of an image read-only: the log walked, its
+/// complete batches applied in memory, the store loaded and the log
+/// replayed (fsck and tools).
+pub fn recover(
+    sb: &Superblock,
+    read: &dyn Fn(u64, &mut [u8]) -> bool,
+) -> Result<(Namespace, Loaded, Replayed), String> {
+    let scanned = scan(sb, read)?;
+    let overlay = Overlay::new(&sb.geometry, &scanned.batches, read)?;
+    rebuild(&sb.geometry, &scanned, &|off, buf| {
+        overlay.read(off, buf, read)
+    })
+}
