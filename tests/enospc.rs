@@ -397,3 +397,81 @@ fn a_sparse_image_refuses_writes_cleanly_once_its_file_system_is_full() {
     assert_contents(&fs, "b", 2, 1 << 20);
     close_and_fsck(fs, &image);
 }
+
+/// Metadata takes pages from the same free space as data: a small image
+/// filled with empty files until the first `ENOSPC` (then data pages in a
+/// file, then more empty files) refuses cleanly, and from then on every
+/// removal works, a file's data can be cut, and the room freed takes new
+/// files again; statfs counts files down to zero room, and the image
+/// survives a crash and a clean close, fsck-clean.
+#[test]
+fn a_file_system_full_of_files_refuses_creates_and_still_removes() {
+    let Some(dir) = support::shm_dir("kucofs-enospc-") else {
+        return;
+    };
+    let image = dir.path().join("img");
+    let fs = Fs::create(&image, IMAGE_SIZE).unwrap();
+    fs.create_dir("d").unwrap();
+    let name = |i: u32| format!("d/file-number-{i:06}");
+    let mut made = 0u32;
+    let err = loop {
+        match fs.create_file(name(made)) {
+            Ok(()) => made += 1,
+            Err(e) => break e,
+        }
+        assert!(made < 1_000_000, "a 2 MiB image never filled");
+    };
+    assert!(is_enospc(&err), "{err}");
+    assert!(made > 1000, "only {made} files");
+    let st = fs.statfs().unwrap();
+    assert!(st.files_free < 32, "{st:?}");
+    assert_eq!(st.files, u64::from(made) + 2 + st.files_free);
+    // A directory, and a symlink whose target needs a page of its own,
+    // are refused too.
+    assert!(is_enospc(&fs.create_dir("e").unwrap_err()));
+    let far = "t".repeat(200);
+    assert!(is_enospc(&fs.symlink(&far, "d/link").unwrap_err()));
+    // Removing works with the store full, and retiring the log, which
+    // needs no page, too.
+    for i in (0..made).step_by(3) {
+        fs.remove_file(name(i)).unwrap();
+    }
+    fs.checkpoint().unwrap();
+    let removed = made.div_ceil(3);
+    assert!(fs.statfs().unwrap().files_free >= u64::from(removed) / 2);
+    // The room taken back holds new files.
+    let mut again = 0;
+    while again < removed / 2 {
+        fs.create_file(format!("d/again-{again}")).unwrap();
+        again += 1;
+    }
+    // Slots freed here and there leave no page free for data; the files
+    // made last, removed, empty whole pages of entries, which go back to
+    // the free pages once two retirements have passed (one clears their
+    // owner entries, the next finds that durable).
+    assert!(is_enospc(
+        &fs.write("d/again-0", vec![7u8; 4096]).unwrap_err()
+    ));
+    let mut gone = 0;
+    for i in made / 2..made {
+        if i % 3 != 0 {
+            fs.remove_file(name(i)).unwrap();
+            gone += 1;
+        }
+    }
+    fs.checkpoint().unwrap();
+    fs.checkpoint().unwrap();
+    fs.write("d/again-0", vec![7u8; 4096]).unwrap();
+    assert_eq!(fs.read("d/again-0").unwrap(), vec![7u8; 4096]);
+    let left = fs.read_dir("d").unwrap().count() as u32;
+    assert_eq!(left, made - removed - gone + again);
+    fs.simulate_crash();
+    let fs = Fs::open(&image).unwrap();
+    assert_eq!(fs.read_dir("d").unwrap().count() as u32, left);
+    // Everything goes, and the image is as empty as it was.
+    fs.remove_dir_all("d").unwrap();
+    close_and_fsck(fs, &image);
+    let fs = Fs::open(&image).unwrap();
+    assert!(fs.statfs().unwrap().files_free > u64::from(made) / 2);
+    close_and_fsck(fs, &image);
+}

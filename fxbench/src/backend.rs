@@ -136,6 +136,9 @@ pub struct ServerCounters {
     pub busy_ns: u64,
     /// Per request type: (requests, total service time in ns).
     pub per_op: BTreeMap<String, (u64, u64)>,
+    /// The longest time the server served nothing else since the last
+    /// reading, in ns.
+    pub longest_pause_ns: u64,
 }
 
 impl ServerCounters {
@@ -154,6 +157,8 @@ impl ServerCounters {
                 })
                 .filter(|(_, (n, _))| *n > 0)
                 .collect(),
+            // Each reading takes the longest since the one before.
+            longest_pause_ns: self.longest_pause_ns,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod harness;
 pub mod machine;
 pub mod medium;
+pub mod open;
 pub mod report;
 pub mod rng;
 pub mod suite;

@@ -32,6 +32,51 @@ enum Command {
     /// blocks: page protection changes, persisting a page, random reads
     /// through a view of small pages.
     Medium(MediumArgs),
+    /// Time opening a KucoFS image after a clean close and after a crash,
+    /// by the number of files it holds (all in one directory).
+    Open(OpenArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct OpenArgs {
+    /// Numbers of files, comma-separated (each measured on a fresh image).
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    files: Vec<u64>,
+    /// Files made after the clean open and before the crash: what the
+    /// recovery finds in the log (at most what the log holds between two
+    /// retirements into the store).
+    #[arg(long, default_value_t = 2000)]
+    crash_files: u64,
+    /// Image size, e.g. 8G (an image under /dev/shm, its memory reserved).
+    #[arg(long, default_value = "8G", value_parser = kucofs_common::size::parse_size)]
+    size: u64,
+    /// Directory for the image.
+    #[arg(long, default_value = "/dev/shm")]
+    dir: PathBuf,
+    /// Also write the figures as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn open(args: OpenArgs) -> anyhow::Result<()> {
+    let json = args.json.as_deref().map(ResultsFile::create).transpose()?;
+    let image = args
+        .dir
+        .join(format!("fxbench-open-{}.img", std::process::id()));
+    let mut all = Vec::new();
+    for &n in &args.files {
+        let t = fxbench::open::measure(&image, args.size, n, args.crash_files)
+            .map_err(|e| anyhow::anyhow!("{n} files in {}: {e}", image.display()))?;
+        println!("{}", t.line());
+        all.push(t);
+    }
+    if let Some(mut file) = json {
+        file.write(&serde_json::json!({
+            "machine": Machine::describe(),
+            "open": all,
+        }))?;
+    }
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -176,6 +221,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Medium(args) => medium(args),
+        Command::Open(args) => open(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

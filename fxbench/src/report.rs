@@ -51,6 +51,9 @@ pub struct Row {
     pub server: Option<BTreeMap<String, ServerOp>>,
     /// Share of the run's wall time the server spent serving requests.
     pub server_busy: Option<f64>,
+    /// The longest time the server served nothing else during the run
+    /// (setup included), in ns.
+    pub server_longest_pause_ns: Option<u64>,
 }
 
 impl Row {
@@ -80,6 +83,10 @@ impl Row {
                 .as_ref()
                 .and_then(|s| s.iter().max_by_key(|(_, o)| o.requests));
             row.push(busiest.map_or_else(String::new, |(k, o)| format!("{k} {:.0} ns", o.mean_ns)));
+            row.push(
+                self.server_longest_pause_ns
+                    .map_or_else(String::new, |ns| format!("{:.2} ms", ns as f64 / 1e6)),
+            );
         }
         row
     }
@@ -154,6 +161,7 @@ impl Report {
                     .as_ref()
                     .filter(|_| m.seconds > 0.0)
                     .map(|c| c.busy_ns as f64 / 1e9 / m.seconds),
+                server_longest_pause_ns: m.server.as_ref().map(|c| c.longest_pause_ns),
             });
         }
         Report {
@@ -180,6 +188,7 @@ impl Report {
         }
         if server {
             header.push("server L");
+            header.push("longest pause");
         }
         let mut cells = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
         cells.extend(

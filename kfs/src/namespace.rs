@@ -1269,5 +1269,7 @@ impl Namespace {
 mod dir;
 mod map;
 
+pub use dir::LoadedEntry;
+
 #[cfg(test)]
 mod tests;

@@ -96,6 +96,9 @@ pub struct Stats {
     ns: [AtomicU64; KINDS],
     reclaimed: AtomicU64,
     direct: AtomicU64,
+    /// The longest timed request since [`Kfs::take_longest_pause`] last
+    /// asked, in ns.
+    longest: AtomicU64,
 }
 
 impl Stats {
@@ -107,6 +110,7 @@ impl Stats {
             ns: Default::default(),
             reclaimed: AtomicU64::new(0),
             direct: AtomicU64::new(0),
+            longest: AtomicU64::new(0),
         }
     }
 
@@ -129,6 +133,11 @@ impl Stats {
         let ns = t0.elapsed().as_nanos() as u64;
         bump(&self.timed[i], 1);
         bump(&self.ns[i], ns);
+        // One writer at a time (see above); a reader that takes the value
+        // between the load and the store loses nothing but this request.
+        if ns > self.longest.load(Ordering::Relaxed) {
+            self.longest.store(ns, Ordering::Relaxed);
+        }
         r
     }
 
@@ -152,6 +161,7 @@ impl Stats {
             per_kind,
             // The volume's own counters are filled in by `Kfs::stats`.
             checkpoints: 0,
+            replayed: 0,
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             hints_used: 0,
             hints_stale: 0,
@@ -171,8 +181,10 @@ pub struct StatsSnapshot {
     /// Per request type: (type, count, total service time in ns, estimated
     /// from one request in 8).
     pub per_kind: Vec<(RequestKind, u64, u64)>,
-    /// Checkpoints taken.
+    /// Checkpoints taken (retirements of the log into the store).
     pub checkpoints: u64,
+    /// Log records replayed when the file system was opened.
+    pub replayed: u64,
     /// Index items and data pages reclaimed after their grace period.
     pub reclaimed: u64,
     /// Pre-located addresses used as sent.
@@ -551,6 +563,7 @@ impl Kfs {
             let h = v.namespace().hint_stats();
             (s.hints_used, s.hints_stale, s.hints_absent) = (h.used, h.stale, h.absent);
             s.checkpoints = v.checkpoints();
+            s.replayed = v.replayed().entries;
         }
         s
     }
@@ -591,6 +604,21 @@ impl Kfs {
     /// [`ServerConfig::huge_pages`]); `None` once the volume is closed.
     pub fn huge_bytes(&self) -> Option<u64> {
         self.volume.lock().as_ref().map(Volume::huge_bytes)
+    }
+
+    /// The longest time Kfs served nothing else since the last call: the
+    /// longer of the longest timed request (one in 8 is timed) and the
+    /// longest retirement of the log (each is timed). A retirement runs
+    /// inside the request whose change called for it, or on its own when
+    /// Kfs is idle.
+    pub fn take_longest_pause(&self) -> Duration {
+        let sampled = Duration::from_nanos(self.stats.longest.swap(0, Ordering::Relaxed));
+        let retired = self
+            .volume
+            .lock()
+            .as_mut()
+            .map_or(Duration::ZERO, Volume::take_longest_retirement);
+        sampled.max(retired)
     }
 
     /// Data pages that files and the metadata store hold; `None` once the

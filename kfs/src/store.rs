@@ -21,12 +21,13 @@
 //! free.
 
 use kucofs_common::format::meta::{
-    cells_for, inode_slot, slots_per_page, BatchWriter, EntryRecord, InodeRecord, Owner, CELL,
-    INLINE_TARGET, INODES_PER_PAGE, INODE_RECORD, MAX_CELLS, OWNER_FILE_PAGE_MAX, OWNER_INO_MAX,
+    cells_for, encode_entry, inode_slot, slots_per_page, BatchWriter, EntryRecord, InodeRecord,
+    Owner, CELL, INLINE_TARGET, INODES_PER_PAGE, INODE_RECORD, MAX_CELLS, OWNER_FILE_PAGE_MAX,
+    OWNER_INO_MAX,
 };
 use kucofs_common::format::{Area, Geometry, OWNERS_PER_PAGE, OWNER_SIZE, PAGE_SIZE};
-use kucofs_common::index::layout::{D_DIR, D_SLOT, TAG_DIRENT};
-use kucofs_common::index::Kind;
+use kucofs_common::index::layout::{D_DIR, D_INO, D_SHAPE, D_SLOT, TAG_DIRENT};
+use kucofs_common::index::{Kind, NAME_MAX};
 use kucofs_common::Errno;
 
 use crate::intmap::IntMap;
@@ -53,9 +54,12 @@ fn slot_parts(id: u64) -> (u64, u64) {
 /// One page of directory entries.
 #[derive(Debug, Clone)]
 struct EntryPage {
+    /// The data page (0: this place in the class's list is unused).
     page: u64,
     /// A bit per slot in use.
     used: u64,
+    /// Listed in the class's `with_free`.
+    listed: bool,
 }
 
 /// The entry pages of one record size.
@@ -63,8 +67,11 @@ struct EntryPage {
 struct Class {
     cells: u8,
     pages: Vec<EntryPage>,
-    /// Indices into `pages` that may have a free slot (checked on use).
+    /// Indices into `pages` that may have a free slot, each at most once
+    /// (checked on use: a page filled or given up since is dropped then).
     with_free: Vec<u32>,
+    /// Unused places in `pages`.
+    spare: Vec<u32>,
     /// Free slots in `pages`.
     free_slots: u64,
     /// Slots free for new entries: free slots in the pages, plus those of
@@ -79,13 +86,28 @@ impl Class {
         slots_per_page(self.cells)
     }
 
+    /// Lists page `idx` as one that may have a free slot.
+    fn list(&mut self, idx: u32) {
+        let ep = &mut self.pages[idx as usize];
+        if !ep.listed {
+            ep.listed = true;
+            self.with_free.push(idx);
+        }
+    }
+
+    /// Entry pages in use.
+    fn page_count(&self) -> u64 {
+        (self.pages.len() - self.spare.len()) as u64
+    }
+
     /// Takes a free slot of one of the pages, if any has one.
     fn take_slot(&mut self) -> Option<(u64, u64)> {
         let per = self.per_page();
         let full = if per == 64 { u64::MAX } else { (1 << per) - 1 };
         while let Some(&pi) = self.with_free.last() {
             let ep = &mut self.pages[pi as usize];
-            if ep.used & full == full {
+            if ep.page == 0 || ep.used & full == full {
+                ep.listed = false;
                 self.with_free.pop();
                 continue;
             }
@@ -240,7 +262,7 @@ impl Store {
                 .iter()
                 .filter(|&&p| p != 0 && p != PENDING)
                 .count() as u64,
-            entry_pages: self.classes.iter().map(|c| c.pages.len() as u64).sum(),
+            entry_pages: self.classes.iter().map(Class::page_count).sum(),
             target_pages: self.targets.values().filter(|&&p| p != 0).count() as u64,
         }
     }
@@ -464,13 +486,28 @@ impl Store {
     /// Adds entry page `p` to class `ci`, with the slots `used` in use.
     fn add_entry_page(&mut self, ci: usize, p: u64, used: u64) {
         let c = &mut self.classes[ci];
-        let idx = c.pages.len() as u32;
-        c.pages.push(EntryPage { page: p, used });
+        let entry = EntryPage {
+            page: p,
+            used,
+            listed: false,
+        };
+        let idx = match c.spare.pop() {
+            Some(i) => {
+                // A stale listing of the place stays: it now lists this page.
+                let listed = c.pages[i as usize].listed;
+                c.pages[i as usize] = EntryPage { listed, ..entry };
+                i
+            }
+            None => {
+                c.pages.push(entry);
+                c.pages.len() as u32 - 1
+            }
+        };
         self.entry_pages.insert(p, idx);
         let free = c.per_page() - u64::from(used.count_ones());
         if free > 0 {
-            c.with_free.push(idx);
             c.free_slots += free;
+            c.list(idx);
         }
     }
 
@@ -550,7 +587,10 @@ pub fn retire(
         nodes
             .into_iter()
             .filter(|&node| r.is_live(node, TAG_DIRENT, None) && ns.shm_u64(node + D_SLOT) == 0)
-            .map(|node| (node, usize::from(cells_for(r.dirent(node).name.len())) - 1))
+            .map(|node| {
+                let len = (ns.shm_u64(node + D_SHAPE) & 0xffff) as usize;
+                (node, usize::from(cells_for(len.clamp(1, NAME_MAX))) - 1)
+            })
             .collect()
     };
     let needed = {
@@ -614,7 +654,7 @@ pub fn retire(
         out.cleared += 1;
     }
     // Entries made: a slot each, and their records.
-    let mut rec = Vec::with_capacity(CELL * usize::from(MAX_CELLS));
+    let mut name = [0u8; NAME_MAX];
     for &(node, ci) in &fresh {
         let (page, slot) = match st.classes[ci].take_slot() {
             Some(at) => at,
@@ -626,20 +666,18 @@ pub fn retire(
             }
         };
         let r = ns.reader();
-        let info = r.dirent(node);
+        let len = r.name_into(node, &mut name);
         let parent = r.ino(ns.shm_u64(node + D_DIR));
+        let ino = ns.shm_u64(node + D_INO);
+        let kind = (ns.shm_u64(node + D_SHAPE) >> 24) as u8;
         let cells = st.classes[ci].cells;
-        rec.clear();
-        EntryRecord {
+        let at = page * PAGE_SIZE + slot * (CELL as u64) * u64::from(cells);
+        encode_entry(
             parent,
-            ino: info.ino,
-            kind: info.kind.to_byte(),
-            name: info.name,
-        }
-        .encode_into(&mut rec);
-        batch.put(
-            page * PAGE_SIZE + slot * (CELL as u64) * u64::from(cells),
-            &rec,
+            ino,
+            kind,
+            &name[..len],
+            batch.put_with(at, CELL * usize::from(cells)),
         );
         ns.set_dirent_slot(node, slot_id(page, slot));
         out.entries += 1;
@@ -783,30 +821,22 @@ pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
             continue;
         }
         ep.used &= !(1 << s);
+        let empty = ep.used == 0;
         c.free_slots += 1;
         c.avail += 1;
-        c.with_free.push(idx);
-        if ep.used != 0 || c.free_slots < 2 * per {
+        c.list(idx);
+        if !empty || c.free_slots < 2 * per {
             continue;
         }
         // An empty page: given up. Its owner entry is cleared by the next
         // retirement, and it is free once that one is durable.
         c.free_slots -= per;
         c.avail -= per;
-        let gone = c.pages.swap_remove(idx as usize);
-        let moved = c.pages.len() as u32;
-        c.with_free.retain(|&i| i != idx);
-        if idx < moved {
-            for i in &mut c.with_free {
-                if *i == moved {
-                    *i = idx;
-                }
-            }
-            let page = c.pages[idx as usize].page;
-            st.entry_pages.insert(page, idx);
-        }
-        st.entry_pages.remove(&gone.page);
-        st.release(gone.page);
+        let ep = &mut c.pages[idx as usize];
+        let gone = std::mem::replace(&mut ep.page, 0);
+        c.spare.push(idx);
+        st.entry_pages.remove(&gone);
+        st.release(gone);
     }
     // Given-up pages whose cleared owner entries are in the store now.
     let data = st.data;
@@ -909,6 +939,10 @@ pub fn load(
     let itable = ns.store().itable.clone();
     let mut target = vec![0u8; PAGE_SIZE as usize];
     let mut saw_root = false;
+    // Each loaded inode's place in the index and kind, by number, for the
+    // entries (a lookup in the index's table would miss the cache twice).
+    let mut by_ino: Vec<(u64, u8)> = vec![(0, 0); itable.len() * INODES_PER_PAGE as usize];
+    by_ino[crate::namespace::ROOT_INO as usize] = (ns.reader().root(), Kind::Dir.to_byte());
     for (k, &p) in itable.iter().enumerate() {
         if p == 0 {
             continue;
@@ -983,8 +1017,10 @@ pub fn load(
                 }
                 saw_root = true;
             }
-            ns.load_inode(&attr, t)
+            let inode = ns
+                .load_inode(&attr, t)
                 .map_err(|e| format!("inode {ino}: {e:?}"))?;
+            by_ino[ino as usize] = (inode, kind.to_byte());
             loaded.inodes += 1;
         }
     }
@@ -1007,7 +1043,18 @@ pub fn load(
     if targets.len() != ns.store().targets.len() {
         return Err("a target page belongs to no symlink".into());
     }
-    // Entries, page by page.
+    // Entries, page by page, gathered by directory and key, then each
+    // directory built in one pass.
+    struct Found {
+        parent: u64,
+        hash: u64,
+        ino: u64,
+        slot: u64,
+        kind: u8,
+        name: (u32, u8),
+    }
+    let mut found: Vec<Found> = Vec::new();
+    let mut names: Vec<u8> = Vec::new();
     for &(p, cells) in &entry_pages {
         if !read(p * PAGE_SIZE, &mut page) {
             return Err(format!("entry page {p} is outside the image"));
@@ -1019,30 +1066,66 @@ pub fn load(
             let rec = EntryRecord::decode(&page[at..at + size], cells)
                 .map_err(|e| format!("entry slot {s} of data page {p}: {e}"))?;
             let Some(rec) = rec else { continue };
-            let node = ns.load_entry(rec.parent, &rec.name, rec.ino).map_err(|e| {
-                format!(
-                    "entry {:?} in directory {} -> inode {} (data page {p}): {e:?}",
-                    String::from_utf8_lossy(&rec.name),
-                    rec.parent,
-                    rec.ino
-                )
-            })?;
-            let r = ns.reader();
-            if Some(rec.kind) != r.kind(r.dirent_inode(node)).map(Kind::to_byte) {
-                return Err(format!(
-                    "entry {:?} in directory {}: its type is not inode {}'s",
-                    String::from_utf8_lossy(&rec.name),
-                    rec.parent,
-                    rec.ino
-                ));
-            }
-            ns.set_dirent_slot(node, slot_id(p, s));
+            let at = u32::try_from(names.len()).map_err(|_| "too many names".to_string())?;
+            names.extend_from_slice(&rec.name);
+            found.push(Found {
+                parent: rec.parent,
+                hash: kucofs_common::index::name_hash(&rec.name),
+                ino: rec.ino,
+                slot: slot_id(p, s),
+                kind: rec.kind,
+                name: (at, rec.name.len() as u8),
+            });
             used |= 1 << s;
-            loaded.entries += 1;
         }
         ns.store_mut()
             .add_entry_page(usize::from(cells) - 1, p, used);
     }
+    let name_of = |f: &Found| &names[f.name.0 as usize..f.name.0 as usize + usize::from(f.name.1)];
+    found.sort_unstable_by(|a, b| {
+        (a.parent, a.hash)
+            .cmp(&(b.parent, b.hash))
+            .then_with(|| name_of(a).cmp(name_of(b)))
+    });
+    loaded.entries = found.len() as u64;
+    let mut batch = Vec::new();
+    for group in found.chunk_by(|a, b| a.parent == b.parent) {
+        let parent = group[0].parent;
+        batch.clear();
+        for f in group {
+            let (inode, kind) = usize::try_from(f.ino)
+                .ok()
+                .and_then(|i| by_ino.get(i))
+                .copied()
+                .unwrap_or_default();
+            let kind =
+                Kind::from_byte(kind).filter(|_| inode != 0 && f.ino != crate::namespace::ROOT_INO);
+            let Some(kind) = kind.filter(|k| k.to_byte() == f.kind) else {
+                return Err(format!(
+                    "entry {:?} in directory {parent} names inode {}, {}",
+                    String::from_utf8_lossy(name_of(f)),
+                    f.ino,
+                    if inode == 0 {
+                        "which does not exist"
+                    } else {
+                        "of another type, or the root"
+                    }
+                ));
+            };
+            batch.push(crate::namespace::LoadedEntry {
+                hash: f.hash,
+                name: name_of(f),
+                ino: f.ino,
+                inode,
+                kind,
+                slot: f.slot,
+            });
+        }
+        ns.load_dir(parent, &batch)
+            .map_err(|e| format!("the entries of directory {parent}: {e:?}"))?;
+    }
+    drop(batch);
+    drop(found);
     for c in &mut ns.store_mut().classes {
         c.avail = c.free_slots;
     }

@@ -56,6 +56,8 @@ pub struct Retirements {
     pub total: Duration,
     /// Store records written (inodes, entries, owner entries).
     pub records: u64,
+    /// The longest since [`Volume::take_longest_retirement`] last asked.
+    pub longest_recent: Duration,
 }
 
 /// Applies a batch's writes to the region and makes them durable: each
@@ -267,6 +269,11 @@ impl Volume {
         self.retirements
     }
 
+    /// The longest retirement since the last call.
+    pub fn take_longest_retirement(&mut self) -> Duration {
+        std::mem::take(&mut self.retirements.longest_recent)
+    }
+
     /// Pages the metadata store holds.
     pub fn store_use(&self) -> StoreUse {
         self.ns.store().usage()
@@ -388,6 +395,7 @@ impl Volume {
         r.count += 1;
         r.total += took;
         r.longest = r.longest.max(took);
+        r.longest_recent = r.longest_recent.max(took);
         r.records += out.inodes + out.entries + out.cleared + out.owners;
         Ok(())
     }

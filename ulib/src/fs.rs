@@ -593,6 +593,16 @@ impl Fs {
         self.inner.kfs.lock().as_ref().map(|k| k.stats())
     }
 
+    /// The longest time Kfs served nothing else since the last call (see
+    /// `Kfs::take_longest_pause`); `None` once it has stopped.
+    pub fn take_longest_pause(&self) -> Option<std::time::Duration> {
+        self.inner
+            .kfs
+            .lock()
+            .as_ref()
+            .map(|k| k.take_longest_pause())
+    }
+
     /// The configuration this handle was opened with.
     pub fn config(&self) -> Config {
         self.inner.config

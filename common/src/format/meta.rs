@@ -322,22 +322,29 @@ fn entry_crc(head: &[u8], name: &[u8]) -> u32 {
     crate::checksum::crc32c_append(crc32c(&head[..20]), name)
 }
 
+/// Appends the record of an entry named `name` (1..=255 bytes) in
+/// directory `parent` for inode `ino` of type byte `kind`, as stored (its
+/// cells, padded with zeros), to `out`.
+pub fn encode_entry(parent: u64, ino: u64, kind: u8, name: &[u8], out: &mut Vec<u8>) {
+    let cells = cells_for(name.len());
+    let start = out.len();
+    out.resize(start + usize::from(cells) * CELL, 0);
+    let b = &mut out[start..];
+    put(b, 0, &parent.to_le_bytes());
+    put(b, 8, &ino.to_le_bytes());
+    b[16] = name.len() as u8;
+    b[17] = cells;
+    b[18] = kind;
+    put(b, ENTRY_HEAD, name);
+    let crc = entry_crc(b, name);
+    put(b, 20, &crc.to_le_bytes());
+}
+
 impl EntryRecord {
     /// Appends the record as stored (its cells, padded with zeros) to `out`.
     /// The name must be 1..=255 bytes.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        let cells = cells_for(self.name.len());
-        let start = out.len();
-        out.resize(start + usize::from(cells) * CELL, 0);
-        let b = &mut out[start..];
-        put(b, 0, &self.parent.to_le_bytes());
-        put(b, 8, &self.ino.to_le_bytes());
-        b[16] = self.name.len() as u8;
-        b[17] = cells;
-        b[18] = self.kind;
-        put(b, ENTRY_HEAD, &self.name);
-        let crc = entry_crc(b, &self.name);
-        put(b, 20, &crc.to_le_bytes());
+        encode_entry(self.parent, self.ino, self.kind, &self.name, out);
     }
 
     /// Reads a stored record of an entry page of `cells` cells per slot

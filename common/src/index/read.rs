@@ -304,7 +304,7 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     }
 
     /// Copies a dirent's name into `buf` and returns its length.
-    fn name_into(&self, node: u64, buf: &mut [u8; NAME_MAX]) -> usize {
+    pub fn name_into(&self, node: u64, buf: &mut [u8; NAME_MAX]) -> usize {
         let shape = self
             .mem
             .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed);

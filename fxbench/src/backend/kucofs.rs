@@ -242,6 +242,10 @@ impl Backend for KucofsBackend {
                 .iter()
                 .map(|&(k, n, ns)| (format!("{k:?}"), (n, ns)))
                 .collect::<BTreeMap<_, _>>(),
+            longest_pause_ns: self
+                .fs()
+                .take_longest_pause()
+                .map_or(0, |d| d.as_nanos() as u64),
         })
     }
 
