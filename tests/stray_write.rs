@@ -1,4 +1,4 @@
-//! A buggy application's stray store into file data (DESIGN §11): data
+//! A buggy application's stray store into file data (ARCHITECTURE.md §13): data
 //! pages are mapped read-only into the client, so the store faults and the
 //! process dies of `SIGSEGV` instead of corrupting a file. The store runs
 //! in a child process (this test binary again, running one of the `child_`

@@ -1,4 +1,4 @@
-//! Lock-free reads never see a torn write (DESIGN §7): writer threads keep
+//! Lock-free reads never see a torn write (ARCHITECTURE.md §7): writer threads keep
 //! overwriting 16 KiB records, each filled with one stamp, while reader
 //! threads read whole records and check that every 8-byte word of a record
 //! holds the same stamp. A reader that mixed two commits' entries, or copied

@@ -1,4 +1,4 @@
-//! Request channels between client threads and Kfs (DESIGN §5, §4.3).
+//! Request channels between client threads and Kfs (ARCHITECTURE.md §5).
 //!
 //! Each client process has a [`Segment`] of shared memory: one slot per
 //! client thread, each starting on its own cache line with the words that
@@ -181,7 +181,7 @@ impl Segment {
     }
 
     /// Enters the index for reading from `slot` (epoch-based reclamation,
-    /// DESIGN §9): items removed from now on are not reused until
+    /// ARCHITECTURE.md §9): items removed from now on are not reused until
     /// [`unpin`](Self::unpin). `epoch` reads the index's global epoch.
     pub fn pin(&self, slot: usize, epoch: impl Fn() -> u64) {
         let at = self.word(slot, S_EPOCH);

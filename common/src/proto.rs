@@ -1,5 +1,5 @@
 //! Requests from a client to Kfs and Kfs's replies, and their fixed-layout
-//! encoding in a request slot (DESIGN §5).
+//! encoding in a request slot (ARCHITECTURE.md §5).
 //!
 //! A request is a small header (format version, operation, length, CRC-32C)
 //! followed by the operation's fields and byte strings. Kfs decodes it from
@@ -31,7 +31,7 @@ pub const GRANT_RUNS: usize = 4;
 const RUN_PAGE_BITS: u32 = 40;
 
 /// Where a client found things while resolving a path (collaborative
-/// indexing, DESIGN §6): the parent directory and, in its list, the node
+/// indexing, ARCHITECTURE.md §6): the parent directory and, in its list, the node
 /// after which the name is (or would be) linked and the entry itself if it
 /// exists. Kfs validates every offset before using any.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

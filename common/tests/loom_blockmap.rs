@@ -1,5 +1,5 @@
 #![cfg(loom)]
-//! Loom model of the versioned, lock-free read of block maps (DESIGN §7,
+//! Loom model of the versioned, lock-free read of block maps (ARCHITECTURE.md §7,
 //! `common/src/index/blockmap.rs`): Kfs commits with the crate's
 //! `next_version` and `publish` while a reader reads with `load_entries`,
 //! `runs_are_whole` and `entries_unchanged`, and loom runs the two under

@@ -1,6 +1,6 @@
 //! The index arena as Kfs writes it: allocation of items by size class, the
 //! writes that publish them to lock-free readers, and retirement of removed
-//! items until no reader can still hold them (DESIGN §4.2, §9).
+//! items until no reader can still hold them (ARCHITECTURE.md §4, §9).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, Ordering};

@@ -1,4 +1,4 @@
-//! The operation log (docs/ARCHITECTURE.md, "The log"): checksummed redo
+//! The operation log (ARCHITECTURE.md §10): checksummed redo
 //! entries in the region's log area. An entry is written with
 //! non-temporal stores before Kfs applies its change to the index, and
 //! fenced before Kfs replies (the stores drain while the index changes),

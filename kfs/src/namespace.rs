@@ -1,6 +1,6 @@
 //! The namespace as Kfs changes it: POSIX checks for every request, the
 //! check of a client's pre-located addresses (collaborative indexing,
-//! DESIGN §6), and the changes themselves. A metadata change is applied by
+//! ARCHITECTURE.md §6), and the changes themselves. A metadata change is applied by
 //! the same code live (after its log entry is durable) and at log replay;
 //! file data changes through [`Namespace::write_pages`] and
 //! [`Namespace::truncate_file`], also shared by both, and checkpoints load

@@ -1,4 +1,4 @@
-//! The data pages as Kfs hands them out (DESIGN §8, §9): free extents,
+//! The data pages as Kfs hands them out (ARCHITECTURE.md §8, §9): free extents,
 //! pools granted to client threads, pages in files, and pages replaced by
 //! a commit that wait for their grace period.
 //!

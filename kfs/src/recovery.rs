@@ -1,4 +1,4 @@
-//! Recovery (docs/ARCHITECTURE.md, "Recovery"): the namespace an image
+//! Recovery (ARCHITECTURE.md §12): the namespace an image
 //! describes, rebuilt from its metadata store and its log.
 //!
 //! The log holds, from its start, the entries logged since the last

@@ -1,6 +1,6 @@
 //! The Kfs thread: polls its clients' request slots, applies each request
 //! to the volume, replies, and keeps house (reclamation, checkpoints) when
-//! idle (DESIGN §3, §5).
+//! idle (ARCHITECTURE.md §2, §5).
 //!
 //! Polling backs off adaptively: while requests arrive it spins; after
 //! [`ServerConfig::spin`] without work it yields the CPU between polls;

@@ -1,8 +1,7 @@
-//! The metadata store as Kfs keeps it (docs/ARCHITECTURE.md, "The
-//! metadata store"): where each inode, directory entry and symlink target
-//! lies in the image, which of them the changes since the last retirement
-//! of the log touched, and the retirement that writes those into the
-//! store as one batch.
+//! The metadata store as Kfs keeps it (ARCHITECTURE.md §11): where each
+//! inode, directory entry and symlink target lies in the image, which of
+//! them the changes since the last retirement of the log touched, and the
+//! retirement that writes those into the store as one batch.
 //!
 //! The store's records live in data pages the owner table names (see
 //! `kucofs_common::format::meta`). Kfs changes its index, not the store,

@@ -2,8 +2,8 @@
 //! file system handle as an extra argument.
 //!
 //! Reads copy straight from the data pages mapped read-only into the
-//! process, checking the block map's versions around the copy (DESIGN §7):
-//! no lock and no request. Writes copy on write (DESIGN §8): under a range
+//! process, checking the block map's versions around the copy (ARCHITECTURE.md §7):
+//! no lock and no request. Writes copy on write (ARCHITECTURE.md §8): under a range
 //! lock on the pages they touch, they fill fresh pages of this thread's
 //! pool with the old bytes and the new, persist them, and send Kfs a commit
 //! for every 256 pages they touch (more when a thread's pool hands out
@@ -604,7 +604,7 @@ impl File {
     /// The address, in this process, of the start of the region page that
     /// holds file byte `offset` in the mapping this handle reads through,
     /// which is never writable; `None` for a hole. Only for tests that
-    /// play a buggy application's stray store (DESIGN §11): this crate
+    /// play a buggy application's stray store (ARCHITECTURE.md §13): this crate
     /// never dereferences it, and a store through it must fault.
     #[doc(hidden)]
     pub fn debug_page_address(&self, offset: u64) -> io::Result<Option<usize>> {

@@ -1,4 +1,4 @@
-//! The per-file range lock that writers inside one process take (DESIGN §8,
+//! The per-file range lock that writers inside one process take (ARCHITECTURE.md §8,
 //! "two-level locking"): the write lease orders processes, this orders the
 //! threads of one process. A writer locks the byte range `[start, end)` it is
 //! about to write; writers of disjoint ranges run in parallel, writers of

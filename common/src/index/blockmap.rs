@@ -1,4 +1,4 @@
-//! Block maps and versioned reads (DESIGN §7).
+//! Block maps and versioned reads (ARCHITECTURE.md §7).
 //!
 //! A regular file's inode names its **block map**: for each 4 KiB page of
 //! the file, the data page in the region holding it, or nothing (a hole,

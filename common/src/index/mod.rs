@@ -1,5 +1,5 @@
 //! The index: Kfs's live metadata in DRAM, shared read-only with every
-//! client (DESIGN §4.2).
+//! client (ARCHITECTURE.md §4).
 //!
 //! It lives in one memfd arena ([`Shm`](crate::pm::Shm)). Everything in it is
 //! addressed by byte offsets into the arena, never pointers, since each
@@ -12,7 +12,7 @@
 //! read it lock-free through [`IndexReader`]: published links are stored with
 //! `Release` and loaded with `Acquire`, inode attributes sit behind a
 //! per-inode sequence lock, and removed items are only reused after every
-//! reader has left the epoch in which they were removed (DESIGN §9).
+//! reader has left the epoch in which they were removed (ARCHITECTURE.md §9).
 
 pub mod blockmap;
 pub mod layout;

@@ -1,4 +1,4 @@
-//! Regular files' block maps as Kfs changes them (DESIGN §7, §8): growing
+//! Regular files' block maps as Kfs changes them (ARCHITECTURE.md §7, §8): growing
 //! the tree, publishing a commit's entries in the order readers rely on
 //! ([`blockmap::publish`]), cutting a file, and dropping a map.
 //!

@@ -1,4 +1,4 @@
-//! File data as Kfs serves it (DESIGN §8): opens and write leases, page
+//! File data as Kfs serves it (ARCHITECTURE.md §8): opens and write leases, page
 //! pools, copy-on-write commits, truncation, and the protection of
 //! clients' pool pages.
 //!
@@ -1070,7 +1070,7 @@ impl Pending {
     /// in a pool stay writable (a page replaced since its commit may be
     /// back in one). A page no file holds any more (an overwrite replaced
     /// it) stays writable until Kfs grants it to another client: it holds
-    /// nothing a reader returns (DESIGN §7), and a grant of it back to this
+    /// nothing a reader returns (ARCHITECTURE.md §7), and a grant of it back to this
     /// client then costs no protection change. Free or waiting pages
     /// between two pages in files are made read-only with them, since a
     /// change costs far more per call than per page.
