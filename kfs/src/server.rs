@@ -162,6 +162,8 @@ impl Stats {
             // The volume's own counters are filled in by `Kfs::stats`.
             checkpoints: 0,
             replayed: 0,
+            checkpoint_time: Duration::ZERO,
+            longest_checkpoint: Duration::ZERO,
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             hints_used: 0,
             hints_stale: 0,
@@ -185,6 +187,10 @@ pub struct StatsSnapshot {
     pub checkpoints: u64,
     /// Log records replayed when the file system was opened.
     pub replayed: u64,
+    /// Time spent retiring the log, and the longest retirement.
+    pub checkpoint_time: Duration,
+    #[allow(missing_docs)]
+    pub longest_checkpoint: Duration,
     /// Index items and data pages reclaimed after their grace period.
     pub reclaimed: u64,
     /// Pre-located addresses used as sent.
@@ -217,12 +223,16 @@ impl fmt::Display for StatsSnapshot {
         let pct = self.busy.as_secs_f64() * 100.0 / self.uptime.as_secs_f64().max(1e-9);
         writeln!(
             f,
-            "kfs: {} requests ({} applied directly by client threads) in {:.1?} ({pct:.1}% busy), {} checkpoints, {} index items and data pages reclaimed",
+            "kfs: {} requests ({} applied directly by client threads) in {:.1?} ({pct:.1}% busy), {} index items and data pages reclaimed",
             self.served(),
             self.direct,
             self.uptime,
-            self.checkpoints,
             self.reclaimed
+        )?;
+        writeln!(
+            f,
+            "kfs: {} retirements of the log into the store, {:.1?} in all, the longest {:.1?}",
+            self.checkpoints, self.checkpoint_time, self.longest_checkpoint
         )?;
         writeln!(
             f,
@@ -564,6 +574,8 @@ impl Kfs {
             (s.hints_used, s.hints_stale, s.hints_absent) = (h.used, h.stale, h.absent);
             s.checkpoints = v.checkpoints();
             s.replayed = v.replayed().entries;
+            let r = v.retirements();
+            (s.checkpoint_time, s.longest_checkpoint) = (r.total, r.longest);
         }
         s
     }

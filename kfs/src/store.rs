@@ -181,6 +181,8 @@ pub struct Store {
     freed_slots: Vec<u64>,
     /// Symlinks whose target has a page: ino -> page (0: promised).
     targets: IntMap<u64, u64>,
+    /// Entries of `targets` still promised (page 0).
+    targets_promised: u64,
     /// Pages promised and not yet taken.
     promised: u64,
     /// Pages that may still be promised.
@@ -366,6 +368,7 @@ impl Store {
         }
         if target_len > INLINE_TARGET {
             self.targets.insert(ino, 0);
+            self.targets_promised += 1;
             self.promise(1);
             self.pending_bytes += target_len as u64;
         }
@@ -383,7 +386,10 @@ impl Store {
         }
         match self.targets.remove(&ino) {
             // Promised, never taken.
-            Some(0) => self.promised -= 1,
+            Some(0) => {
+                self.promised -= 1;
+                self.targets_promised -= 1;
+            }
             Some(p) => self.release(p),
             None => {}
         }
@@ -616,7 +622,7 @@ pub fn retire(
             .map(|&ino| ino / INODES_PER_PAGE)
             .collect::<std::collections::BTreeSet<u64>>()
             .len() as u64;
-        let target_pages = st.targets.values().filter(|&&p| p == 0).count() as u64;
+        let target_pages = st.targets_promised;
         entry_pages + inode_pages + target_pages
     };
     let mut stock = Vec::with_capacity(needed as usize);
@@ -702,6 +708,8 @@ pub fn retire(
         if inode == 0 {
             // Gone. Its page goes too once the last inode in it has.
             match st.itable[k] {
+                // Promised for inodes all dropped before they were written.
+                PENDING if st.ilive[k] == 0 => st.itable[k] = 0,
                 PENDING | 0 => {}
                 p if st.ilive[k] == 0 => {
                     st.release(p);
@@ -721,6 +729,7 @@ pub fn retire(
             Some(0) => {
                 let p = take(&mut st, Owner::Target { ino }, batch, &mut out);
                 st.targets.insert(ino, p);
+                st.targets_promised -= 1;
                 p
             }
             Some(p) => p,
@@ -737,12 +746,6 @@ pub fn retire(
     }
     dirty.clear();
     st.dirty_inos = dirty;
-    // Inode pages promised for inodes dropped before they were written.
-    for p in &mut st.itable {
-        if *p == PENDING {
-            *p = 0;
-        }
-    }
     // Owner entries, in page order: runs within an owner page, or the
     // whole page where many changed.
     let mut dirty = std::mem::take(&mut st.dirty_pages);
