@@ -177,3 +177,26 @@ fn fsck_passes_a_fresh_image_and_lists_damage() {
     assert!(out.contains("marks 1 data pages in use"), "{out}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("2 problems"));
 }
+
+/// `kucofs crashtest` explores what it is told, prints one line per
+/// operation, and ends with the count line; an unknown operation is one
+/// sentence naming the ones there are.
+#[test]
+fn crashtest_of_one_operation_ends_with_the_count_line() {
+    let o = kucofs(&["crashtest", "--filter", "chown", "--k", "1", "--jobs", "1"]);
+    assert!(o.status.success(), "{o:?}");
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("chown: 1 sequences, "), "{text}");
+    let last = lines.last().unwrap();
+    let n: u64 = last
+        .strip_prefix("crash states: ")
+        .and_then(|l| l.strip_suffix(" checked, 0 violations"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("last line: {last:?}"));
+    assert!(n > 0);
+    assert_refused(
+        &kucofs(&["crashtest", "--filter", "no-such-op"]),
+        "rename-dir-over-across",
+    );
+}

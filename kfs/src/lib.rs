@@ -5,6 +5,7 @@
 
 pub mod arena;
 pub mod checkpoint;
+pub mod crashtest;
 mod error;
 pub mod fsck;
 pub mod image;
