@@ -8,7 +8,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kucofs_common::pm::{Hardware, Space};
 use kucofs_common::size::{format_size, parse_size};
-use kucofs_kfs::crashtest;
+
+mod explore;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -53,39 +54,7 @@ enum Command {
     /// Crash every operation at every fence: recover each crash image the
     /// hardware allows (up to K torn cache lines) and check it; exits
     /// non-zero if any check fails.
-    Crashtest {
-        /// Most in-flight cache lines a crash image takes stores from.
-        #[arg(long, default_value_t = 2)]
-        k: usize,
-        /// Operations in a sequence: 1 (each alone) or 2 (every ordered pair).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=2))]
-        seq: u32,
-        /// Only operations whose name contains OP (for pairs: either one).
-        #[arg(long, value_name = "OP")]
-        filter: Option<String>,
-        /// Explore only N sequences, picked pseudo-randomly by --seed.
-        #[arg(long, value_name = "N")]
-        sample: Option<usize>,
-        /// Seed of --sample.
-        #[arg(long, value_name = "S", default_value_t = 1)]
-        seed: u64,
-        /// Threads checking crash images (default: one per core).
-        #[arg(long)]
-        jobs: Option<usize>,
-        /// Size of the image the operations run on (at least 1M).
-        #[arg(long, value_parser = parse_size, default_value = "1M")]
-        image_size: u64,
-        /// Skip the crashes during the checkpoint and the clean close after
-        /// each sequence.
-        #[arg(long)]
-        no_checkpoints: bool,
-        /// Skip the crashes during the recovery of each fence's image.
-        #[arg(long)]
-        no_recovery: bool,
-        /// List the operations and the starting tree, and explore nothing.
-        #[arg(long)]
-        list: bool,
-    },
+    Crashtest(explore::Args),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -129,87 +98,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 );
             }
         }
-        Command::Crashtest {
-            k,
-            seq,
-            filter,
-            sample,
-            seed,
-            jobs,
-            image_size,
-            no_checkpoints,
-            no_recovery,
-            list,
-        } => crashtest(
-            crashtest::Config {
-                k,
-                seq,
-                filter,
-                sample,
-                seed,
-                jobs: jobs.unwrap_or(crashtest::Config::default().jobs),
-                image_size,
-                checkpoints: !no_checkpoints,
-                recovery: !no_recovery,
-                ..crashtest::Config::default()
-            },
-            list,
-        )?,
-    }
-    Ok(())
-}
-
-/// `kucofs crashtest`: one line per operation (or per pair group), one
-/// per violation, then the count.
-fn crashtest(config: crashtest::Config, list: bool) -> anyhow::Result<()> {
-    if list {
-        println!("starting tree:");
-        for line in crashtest::STARTING_TREE {
-            println!("  {line}");
-        }
-        println!("operations:");
-        for op in crashtest::OPS {
-            println!("  {}", op.name);
-        }
-        return Ok(());
-    }
-    let summary = crashtest::run(&config, |event| match event {
-        crashtest::Event::Group { name, summary } => {
-            let refused = if summary.refused > 0 {
-                format!(", {} refused", summary.refused)
-            } else {
-                String::new()
-            };
-            println!(
-                "{name}: {} sequences, {} crash states, {} violations{refused}",
-                summary.sequences,
-                summary.checked,
-                summary.violations.len(),
-            )
-        }
-        crashtest::Event::Violation(v) => println!("{v}"),
-    })
-    .context("crashtest")?;
-    println!(
-        "{} sequences, k = {}: {} crash images within the bound, {} recovered \
-         ({} with problems fsck saw before recovery), {:.1} s",
-        summary.sequences,
-        config.k,
-        summary.bounded,
-        summary.recovered,
-        summary.raw_problems,
-        summary.elapsed.as_secs_f64()
-    );
-    println!(
-        "crash states: {} checked, {} violations",
-        summary.checked,
-        summary.violations.len()
-    );
-    if !summary.violations.is_empty() {
-        anyhow::bail!(
-            "{} crash states failed their checks",
-            summary.violations.len()
-        );
+        Command::Crashtest(args) => explore::run(args)?,
     }
     Ok(())
 }

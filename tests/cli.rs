@@ -200,3 +200,28 @@ fn crashtest_of_one_operation_ends_with_the_count_line() {
         "rename-dir-over-across",
     );
 }
+
+/// Two processes, each exploring its share, add up to the same count as
+/// one.
+#[test]
+fn crashtest_in_two_processes_counts_what_one_does() {
+    let count = |jobs: &str| {
+        let o = kucofs(&[
+            "crashtest",
+            "--filter",
+            "ch",
+            "--k",
+            "0",
+            "--no-recovery",
+            "--jobs",
+            jobs,
+        ]);
+        assert!(o.status.success(), "{o:?}");
+        let text = stdout(&o);
+        assert!(text.contains("chmod: 1 sequences") && text.contains("chown: 1 sequences"));
+        text.lines().last().unwrap().to_owned()
+    };
+    let one = count("1");
+    assert!(one.starts_with("crash states: ") && one.ends_with(" checked, 0 violations"));
+    assert_eq!(count("2"), one);
+}

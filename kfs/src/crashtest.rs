@@ -32,7 +32,7 @@ use std::fmt;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,8 +91,10 @@ pub struct Config {
     pub image_size: u64,
     /// Where scratch images go (a directory made inside it, removed after).
     pub dir: PathBuf,
-    /// Threads that check crash images.
-    pub jobs: usize,
+    /// Explore only shard `i` of `n`, `(i, n)`: every `n`th group of
+    /// sequences (those starting with the same operation) from the `i`th,
+    /// so that `n` processes can share an exploration.
+    pub shard: (usize, usize),
     /// Also crash at every fence of a checkpoint and of the clean close
     /// after each sequence.
     pub checkpoints: bool,
@@ -118,7 +120,7 @@ impl Default for Config {
             } else {
                 std::env::temp_dir()
             },
-            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            shard: (0, 1),
             checkpoints: true,
             recovery: true,
             fault: Fault::None,
@@ -630,67 +632,71 @@ fn patched_hash(durable: &[u8], hash: u64, landed: &[(usize, Vec<u8>)]) -> u64 {
     })
 }
 
+/// The sequences `config` explores, before it is split into shards:
+/// every operation alone or every ordered pair, those `filter` names, and
+/// of those the sample asked for, grouped by their first operation.
+pub fn sequences(config: &Config) -> Result<Vec<Vec<&'static Op>>> {
+    let ops = select_ops(config)?;
+    let all: Vec<Vec<&Op>> = match config.seq {
+        1 => ops.iter().map(|&o| vec![o]).collect(),
+        2 => OPS
+            .iter()
+            .flat_map(|a| OPS.iter().map(move |b| vec![a, b]))
+            .filter(|s| {
+                config
+                    .filter
+                    .as_deref()
+                    .is_none_or(|f| s.iter().any(|o| o.name.contains(f)))
+            })
+            .collect(),
+        n => return Err(CrashtestError::Seq(n)),
+    };
+    Ok(sample(all, config.sample, config.seed))
+}
+
 /// Explores what `config` asks for, telling `events` as it goes.
 pub fn run(config: &Config, mut events: impl FnMut(Event<'_>)) -> Result<Summary> {
     let started = Instant::now();
-    let ops = select_ops(config)?;
-    let sequences: Vec<Vec<&Op>> = match config.seq {
-        1 => ops.iter().map(|&o| vec![o]).collect(),
-        2 => {
-            let all = OPS.iter().flat_map(|a| OPS.iter().map(move |b| vec![a, b]));
-            let matching: Vec<Vec<&Op>> = all
-                .filter(|s| {
-                    config
-                        .filter
-                        .as_deref()
-                        .is_none_or(|f| s.iter().any(|o| o.name.contains(f)))
-                })
-                .collect();
-            matching
-        }
-        n => return Err(CrashtestError::Seq(n)),
-    };
-    let sequences = sample(sequences, config.sample, config.seed);
+    let sequences = sequences(config)?;
     let scratch = Scratch::new(&config.dir)?;
     let base = Base::build(config, &scratch)?;
-    let checkers: Vec<Mutex<Checker>> = (0..config.jobs.max(1))
-        .map(|i| {
-            Mutex::new(Checker {
-                path: scratch.path(&format!("crash-{i}.img")),
-                source: scratch.path(&format!("source-{i}.img")),
-            })
-        })
-        .collect();
     let env = Env {
         config,
         base: &base,
-        checkers: &checkers,
+        checker: Checker {
+            path: scratch.path("crash.img"),
+            source: scratch.path("source.img"),
+        },
         work: scratch.path("work.img"),
     };
+    // Groups: the sequences starting with the same operation.
+    let mut groups: Vec<Vec<Vec<&Op>>> = Vec::new();
+    for s in sequences {
+        match groups.last_mut() {
+            Some(g) if g[0][0].name == s[0].name => g.push(s),
+            _ => groups.push(vec![s]),
+        }
+    }
+    let (shard, shards) = config.shard;
     let mut total = Summary::default();
-    let mut i = 0;
-    while i < sequences.len() {
-        // A group: the sequences starting with the same operation.
-        let first = sequences[i][0].name;
-        let mut group = Summary::default();
-        while i < sequences.len() && sequences[i][0].name == first {
-            let s = env.sequence(&sequences[i])?;
+    for group in groups.iter().skip(shard).step_by(shards.max(1)) {
+        let mut sum = Summary::default();
+        for s in group {
+            let s = env.sequence(s)?;
             for v in &s.violations {
                 events(Event::Violation(v));
             }
-            group.add(&s);
-            i += 1;
+            sum.add(&s);
         }
-        let name = if config.seq == 1 {
-            first.to_owned()
-        } else {
-            format!("{first} then ...")
+        let name = match config.seq {
+            1 => group[0][0].name.to_owned(),
+            _ => format!("{} then ...", group[0][0].name),
         };
         events(Event::Group {
             name: &name,
-            summary: &group,
+            summary: &sum,
         });
-        total.add(&group);
+        total.add(&sum);
     }
     total.elapsed = started.elapsed();
     Ok(total)
@@ -993,7 +999,8 @@ fn old_page(v: &Volume, inode: u64, page: u64) -> Vec<u8> {
 struct Env<'a> {
     config: &'a Config,
     base: &'a Base,
-    checkers: &'a [Mutex<Checker>],
+    checker: Checker,
+    /// Where the image a sequence runs on lives.
     work: PathBuf,
 }
 
@@ -1007,14 +1014,10 @@ struct Batch<'a> {
     allowed: Vec<(&'a str, &'a Tree)>,
 }
 
-/// One image to check: the point it comes from and the lines landed.
-struct Job {
-    point: usize,
-    choice: Vec<Landed>,
-    /// The bytes of the lines landed.
-    landed: Vec<(usize, Vec<u8>)>,
-    hash: u64,
-}
+/// What recovering each image met in a sequence gave, by image hash: an
+/// image met again (at another fence, or in a recovery) is compared with
+/// the states allowed where it appears without being recovered again.
+type Cache = HashMap<u64, Recovered>;
 
 impl Env<'_> {
     /// Runs one sequence under a recorder and checks every crash image of
@@ -1029,7 +1032,7 @@ impl Env<'_> {
             sequences: 1,
             ..Summary::default()
         };
-        let cache: Mutex<HashMap<u64, Recovered>> = Mutex::new(HashMap::new());
+        let mut cache = Cache::new();
         write_file(&self.work, &self.base.image)?;
         let rec = Arc::new(Recorder::new());
         let mut v = Volume::open_with(&self.work, rec.clone())?;
@@ -1038,20 +1041,27 @@ impl Env<'_> {
         let sink = captured.clone();
         rec.on_fence(move |cp| sink.lock().push(cp.to_state()));
         let mut state = Tree::of(&v);
+        let failure = |phase: &str, fence, what| Violation {
+            ops: label.clone(),
+            phase: phase.into(),
+            source: 0,
+            fence,
+            lines: Vec::new(),
+            what,
+        };
         for (i, op) in ops.iter().enumerate() {
             let phase_start = rec.fences();
             let mut failed = None;
             let refused = perform(&mut v, &op.action, &mut |v| {
                 let after = Tree::of(v);
-                let points = std::mem::take(&mut *captured.lock());
                 let batch = Batch {
                     ops: &label,
                     phase: op.name,
                     phase_start,
-                    points,
+                    points: std::mem::take(&mut *captured.lock()),
                     allowed: vec![("before", &state), ("after", &after)],
                 };
-                if let Err(e) = self.check(batch, &cache, &mut out) {
+                if let Err(e) = self.check(batch, &mut cache, &mut out) {
                     failed.get_or_insert(e);
                 }
                 state = after;
@@ -1059,173 +1069,81 @@ impl Env<'_> {
             if let Some(e) = failed {
                 return Err(e);
             }
-            if let Some(errno) = refused {
-                if i == 0 {
-                    out.violations.push(Violation {
-                        ops: label.clone(),
-                        phase: op.name.into(),
-                        fence: 0,
-                        lines: Vec::new(),
-                        what: format!("the operation was refused on the starting tree: {errno}"),
-                        source: 0,
-                    });
-                } else {
-                    out.refused += 1;
-                }
+            match refused {
+                Some(errno) if i == 0 => out.violations.push(failure(
+                    op.name,
+                    rec.fences() - phase_start,
+                    format!("the operation was refused on the starting tree: {errno}"),
+                )),
+                Some(_) => out.refused += 1,
+                None => {}
             }
         }
-        if self.config.checkpoints {
-            let phase_start = rec.fences();
-            let done = v.checkpoint();
-            let points = std::mem::take(&mut *captured.lock());
-            self.check(
-                Batch {
-                    ops: &label,
-                    phase: "checkpoint",
-                    phase_start,
-                    points,
-                    allowed: vec![("acknowledged", &state)],
-                },
-                &cache,
-                &mut out,
-            )?;
+        if !self.config.checkpoints {
+            return Ok(out);
+        }
+        // Everything is acknowledged now: a crash in the checkpoint or the
+        // close after must recover it all.
+        let mut finish = |phase: &str, phase_start, done: std::result::Result<(), String>| {
+            let batch = Batch {
+                ops: &label,
+                phase,
+                phase_start,
+                points: std::mem::take(&mut *captured.lock()),
+                allowed: vec![("acknowledged", &state)],
+            };
+            self.check(batch, &mut cache, &mut out)?;
             if let Err(e) = done {
-                out.violations.push(Violation {
-                    ops: label.clone(),
-                    phase: "checkpoint".into(),
-                    fence: rec.fences() - phase_start,
-                    lines: Vec::new(),
-                    what: format!("the checkpoint failed: {e}"),
-                    source: 0,
-                });
+                let what = format!("the {phase} failed: {e}");
+                out.violations
+                    .push(failure(phase, rec.fences() - phase_start, what));
             }
-            let phase_start = rec.fences();
-            let closed = v.close();
-            let points = std::mem::take(&mut *captured.lock());
-            self.check(
-                Batch {
-                    ops: &label,
-                    phase: "close",
-                    phase_start,
-                    points,
-                    allowed: vec![("acknowledged", &state)],
-                },
-                &cache,
-                &mut out,
-            )?;
-            if let Err(e) = closed {
-                out.violations.push(Violation {
-                    ops: label.clone(),
-                    phase: "close".into(),
-                    fence: rec.fences() - phase_start,
-                    lines: Vec::new(),
-                    what: format!("the clean close failed: {e}"),
-                    source: 0,
-                });
-            }
-        } else {
-            drop(v);
-        }
+            Ok::<_, CrashtestError>(())
+        };
+        let phase_start = rec.fences();
+        let done = v.checkpoint().map_err(|e| e.to_string());
+        finish("checkpoint", phase_start, done)?;
+        let phase_start = rec.fences();
+        let done = v.close().map_err(|e| e.to_string());
+        finish("close", phase_start, done)?;
         Ok(out)
     }
 
     /// Checks every bounded crash image of the batch's points, and of the
     /// recovery of each point's durable image, against its allowed states.
-    fn check(
-        &self,
-        batch: Batch<'_>,
-        cache: &Mutex<HashMap<u64, Recovered>>,
-        out: &mut Summary,
-    ) -> Result<()> {
+    fn check(&self, batch: Batch<'_>, cache: &mut Cache, out: &mut Summary) -> Result<()> {
         let k = self.config.k;
-        let tally = Tally::default();
-        let mut jobs = Vec::new();
-        let mut sources = Vec::new();
-        let mut seen_sources = HashSet::new();
-        for (i, s) in batch.points.iter().enumerate() {
+        let mut found = Vec::new();
+        let mut sources = HashSet::new();
+        for s in &batch.points {
             let cp = s.point();
-            tally.count(&cp, k);
+            out.bounded += cp.bounded_image_count(k);
             let durable = image_hash(&s.durable);
-            cp.for_each_bounded(k, Prefixes::Distinct, |c| {
-                let landed = landed_lines(&cp, c);
-                jobs.push(Job {
-                    point: i,
-                    choice: c.to_vec(),
-                    hash: patched_hash(&s.durable, durable, &landed),
-                    landed,
-                })
-            });
+            let mut choices = Vec::new();
+            cp.for_each_bounded(k, Prefixes::Distinct, |c| choices.push(c.to_vec()));
+            out.checked += choices.len() as u64;
+            for choice in choices {
+                let landed = landed_lines(&cp, &choice);
+                let hash = patched_hash(&s.durable, durable, &landed);
+                let image = (s.durable.as_slice(), landed.as_slice());
+                if let Some(what) = self.check_one(cache, out, hash, &batch.allowed, image)? {
+                    found.push(Violation {
+                        ops: batch.ops.into(),
+                        phase: batch.phase.into(),
+                        source: 0,
+                        fence: s.fence - batch.phase_start,
+                        lines: choice,
+                        what,
+                    });
+                }
+            }
             // Fences with nothing new durable between them leave the same
             // image to recover.
-            if self.config.recovery && seen_sources.insert(durable) {
-                sources.push(i);
+            if self.config.recovery && sources.insert(durable) {
+                found.extend(self.recovery(cache, out, &batch, s)?);
             }
         }
-        tally
-            .checked
-            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
-        let violations = Mutex::new(Vec::new());
-        let failure: Mutex<Option<CrashtestError>> = Mutex::new(None);
-        let next = AtomicUsize::new(0);
-        let total = jobs.len() + sources.len();
-        let work = |checker: &mut Checker| loop {
-            let j = next.fetch_add(1, Ordering::Relaxed);
-            if j >= total {
-                return;
-            }
-            let found = if let Some(job) = jobs.get(j) {
-                let point = &batch.points[job.point];
-                let image = (point.durable.as_slice(), job.landed.as_slice());
-                self.check_one(checker, cache, &tally, job.hash, &batch.allowed, image)
-                    .map(|what| {
-                        what.map(|what| Violation {
-                            ops: batch.ops.into(),
-                            phase: batch.phase.into(),
-                            source: 0,
-                            fence: point.fence - batch.phase_start,
-                            lines: job.choice.clone(),
-                            what,
-                        })
-                        .into_iter()
-                        .collect()
-                    })
-            } else {
-                let point = &batch.points[sources[j - jobs.len()]];
-                self.recovery(checker, cache, &tally, &batch, point)
-            };
-            match found {
-                Ok(v) => violations.lock().extend(v),
-                Err(e) => {
-                    failure.lock().get_or_insert(e);
-                }
-            }
-        };
-        let workers = self.checkers.len().min(total);
-        if workers == 1 {
-            work(&mut self.checkers[0].lock());
-        } else if workers > 1 {
-            std::thread::scope(|s| {
-                for c in &self.checkers[..workers] {
-                    s.spawn(|| work(&mut c.lock()));
-                }
-            });
-        }
-        if let Some(e) = failure.into_inner() {
-            return Err(e);
-        }
-        out.checked += tally.checked.into_inner();
-        out.bounded += tally.bounded.into_inner();
-        out.recovered += tally.recovered.into_inner();
-        out.raw_problems += tally.raw_problems.into_inner();
-        // In the order of the crash points, whichever thread found them:
-        // the batch's own first, then those in the recoveries of its
-        // points.
-        let mut violations = violations.into_inner();
-        violations.sort_by(|a, b| {
-            let key = |v: &Violation| (v.phase != batch.phase, v.source, v.fence, v.lines.clone());
-            key(a).cmp(&key(b))
-        });
-        out.violations.extend(violations);
+        out.violations.extend(found);
         Ok(())
     }
 
@@ -1234,20 +1152,19 @@ impl Env<'_> {
     /// the states the point itself allows.
     fn recovery(
         &self,
-        checker: &mut Checker,
-        cache: &Mutex<HashMap<u64, Recovered>>,
-        tally: &Tally,
+        cache: &mut Cache,
+        out: &mut Summary,
         batch: &Batch<'_>,
         point: &CrashState,
     ) -> Result<Vec<Violation>> {
-        write_image(&checker.source, self.image_for((&point.durable, &[])))?;
+        write_image(&self.checker.source, self.image_for((&point.durable, &[])))?;
         let rec = Arc::new(Recorder::new());
         let captured: Arc<Mutex<Vec<CrashState>>> = Arc::default();
         let sink = captured.clone();
         rec.on_fence(move |cp| sink.lock().push(cp.to_state()));
         // A recovery that fails is reported with the point's own image;
         // only the crashes inside one that runs are explored here.
-        drop(Volume::open_with(&checker.source, rec.clone()));
+        drop(Volume::open_with(&self.checker.source, rec.clone()));
         let points = std::mem::take(&mut *captured.lock());
         let source = point.fence - batch.phase_start;
         let phase = format!("the recovery of {} fence {source}", batch.phase);
@@ -1255,26 +1172,22 @@ impl Env<'_> {
         let mut found = Vec::new();
         for p in &points {
             let cp = p.point();
-            tally.count(&cp, k);
+            out.bounded += cp.bounded_image_count(k);
             let durable = image_hash(&p.durable);
             let mut choices = Vec::new();
             cp.for_each_bounded(k, Prefixes::Distinct, |c| choices.push(c.to_vec()));
-            tally
-                .checked
-                .fetch_add(choices.len() as u64, Ordering::Relaxed);
-            for c in choices {
-                let landed = landed_lines(&cp, &c);
+            out.checked += choices.len() as u64;
+            for choice in choices {
+                let landed = landed_lines(&cp, &choice);
                 let hash = patched_hash(&p.durable, durable, &landed);
                 let image = (p.durable.as_slice(), landed.as_slice());
-                if let Some(what) =
-                    self.check_one(checker, cache, tally, hash, &batch.allowed, image)?
-                {
+                if let Some(what) = self.check_one(cache, out, hash, &batch.allowed, image)? {
                     found.push(Violation {
                         ops: batch.ops.into(),
                         phase: phase.clone(),
                         source,
                         fence: p.fence,
-                        lines: c,
+                        lines: choice,
                         what,
                     });
                 }
@@ -1293,27 +1206,22 @@ impl Env<'_> {
     }
 
     /// Checks one crash image (hashing to `hash`) against `allowed`: what
-    /// is wrong with it, or `None`. An image met before in the sequence is
-    /// not recovered again: what its recovery gave is compared anew.
+    /// is wrong with it, or `None`.
     fn check_one(
         &self,
-        checker: &mut Checker,
-        cache: &Mutex<HashMap<u64, Recovered>>,
-        tally: &Tally,
+        cache: &mut Cache,
+        out: &mut Summary,
         hash: u64,
         allowed: &Allowed<'_>,
         image: Image<'_>,
     ) -> Result<Option<String>> {
-        let known = cache.lock().get(&hash).cloned();
-        let result = match known {
-            Some(r) => r,
+        let result = match cache.get(&hash) {
+            Some(r) => r.clone(),
             None => {
-                let (r, raw_problems) = checker.recover(self.image_for(image))?;
-                tally.recovered.fetch_add(1, Ordering::Relaxed);
-                tally
-                    .raw_problems
-                    .fetch_add(u64::from(raw_problems), Ordering::Relaxed);
-                cache.lock().insert(hash, r.clone());
+                let (r, raw_problems) = self.checker.recover(self.image_for(image))?;
+                out.recovered += 1;
+                out.raw_problems += u64::from(raw_problems);
+                cache.insert(hash, r.clone());
                 r
             }
         };
@@ -1328,23 +1236,6 @@ impl Env<'_> {
                     .join("; "),
             ),
         })
-    }
-}
-
-/// Counts of one batch, kept by every thread that checks it.
-#[derive(Debug, Default)]
-struct Tally {
-    checked: AtomicU64,
-    bounded: AtomicU64,
-    recovered: AtomicU64,
-    raw_problems: AtomicU64,
-}
-
-impl Tally {
-    /// Counts the images the bound allows at `cp`.
-    fn count(&self, cp: &CrashPoint<'_>, k: usize) {
-        self.bounded
-            .fetch_add(cp.bounded_image_count(k), Ordering::Relaxed);
     }
 }
 
@@ -1385,7 +1276,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     f.write_all_at(bytes, 0).map_err(|e| io("writing", e))
 }
 
-/// A thread's scratch files and buffer for checking crash images.
+/// The scratch files a crash image is checked in.
 #[derive(Debug)]
 struct Checker {
     /// Where a crash image is written and recovered.
@@ -1407,7 +1298,7 @@ impl Checker {
     /// may leave what recovery repairs (a superblock copy torn in its
     /// update, say), and the image after recovery and a clean close is
     /// what must be clean.
-    fn recover(&mut self, image: Image<'_>) -> Result<(Recovered, bool)> {
+    fn recover(&self, image: Image<'_>) -> Result<(Recovered, bool)> {
         write_image(&self.path, image)?;
         let path = self.path.as_path();
         let mut raw_problems = false;

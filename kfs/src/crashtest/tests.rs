@@ -6,7 +6,7 @@ fn quick(filter: &str) -> Config {
     Config {
         k: 1,
         filter: Some(filter.into()),
-        jobs: 2,
+        shard: (0, 1),
         ..Config::default()
     }
 }
@@ -120,4 +120,30 @@ fn tree_differences_name_each_field_that_differs() {
         vec!["x contents differ from byte 2", "z missing", "y unexpected"]
     );
     assert_eq!(a.differences(&a, 10), Vec::<String>::new());
+}
+
+/// Shards split the groups between them: together they explore what one
+/// run explores, each group once.
+#[test]
+fn crashtest_shards_split_the_groups_between_them() {
+    let config = |shard| Config {
+        k: 0,
+        filter: Some("ch".into()),
+        recovery: false,
+        shard,
+        ..Config::default()
+    };
+    let names: Vec<&str> = sequences(&config((0, 1)))
+        .unwrap()
+        .iter()
+        .map(|s| s[0].name)
+        .collect();
+    assert_eq!(names, ["chmod", "chown"]);
+    let (whole, all) = explore(&config((0, 1)));
+    let (first, a) = explore(&config((0, 2)));
+    let (second, b) = explore(&config((1, 2)));
+    assert_eq!((a, b), (vec!["chmod".to_owned()], vec!["chown".to_owned()]));
+    assert_eq!(all, ["chmod", "chown"]);
+    assert_eq!(first.checked + second.checked, whole.checked);
+    assert!(first.checked > 0 && second.checked > 0);
 }
