@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use kucofs_common::index::blockmap::{entry_page, EntrySource, MapReader, PAGE};
 use kucofs_common::index::Kind;
 use kucofs_common::pm::{
-    CrashPoint, CrashState, Hardware, Landed, Prefixes, Protection, Recorder, Space, CACHE_LINE,
+    CrashState, Hardware, Landed, Prefixes, Protection, Recorder, Space, CACHE_LINE,
 };
 use kucofs_common::proto::{open, Creds, Extents, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
@@ -600,28 +600,6 @@ fn image_hash(image: &[u8]) -> u64 {
         })
 }
 
-/// The bytes each line of `choice` holds in the image it makes at `cp`.
-fn landed_lines(cp: &CrashPoint<'_>, choice: &[Landed]) -> Vec<(usize, Vec<u8>)> {
-    choice
-        .iter()
-        .map(|l| {
-            let end = (l.line + CACHE_LINE).min(cp.durable.len());
-            let mut bytes = cp.durable[l.line..end].to_vec();
-            let mut stores: Vec<_> = cp
-                .in_flight
-                .iter()
-                .filter(|s| s.offset / CACHE_LINE == l.line / CACHE_LINE)
-                .collect();
-            stores.sort_by_key(|s| s.seq);
-            for s in stores.iter().take(l.stores) {
-                let at = s.offset - l.line;
-                bytes[at..at + s.bytes.len()].copy_from_slice(&s.bytes);
-            }
-            (l.line, bytes)
-        })
-        .collect()
-}
-
 /// The hash of the image made of `durable` (whose hash is `hash`) with
 /// the `landed` lines over it.
 fn patched_hash(durable: &[u8], hash: u64, landed: &[(usize, Vec<u8>)]) -> u64 {
@@ -1123,7 +1101,7 @@ impl Env<'_> {
             cp.for_each_bounded(k, Prefixes::Distinct, |c| choices.push(c.to_vec()));
             out.checked += choices.len() as u64;
             for choice in choices {
-                let landed = landed_lines(&cp, &choice);
+                let landed = cp.landed_lines(&choice);
                 let hash = patched_hash(&s.durable, durable, &landed);
                 let image = (s.durable.as_slice(), landed.as_slice());
                 if let Some(what) = self.check_one(cache, out, hash, &batch.allowed, image)? {
@@ -1178,7 +1156,7 @@ impl Env<'_> {
             cp.for_each_bounded(k, Prefixes::Distinct, |c| choices.push(c.to_vec()));
             out.checked += choices.len() as u64;
             for choice in choices {
-                let landed = landed_lines(&cp, &choice);
+                let landed = cp.landed_lines(&choice);
                 let hash = patched_hash(&p.durable, durable, &landed);
                 let image = (p.durable.as_slice(), landed.as_slice());
                 if let Some(what) = self.check_one(cache, out, hash, &batch.allowed, image)? {

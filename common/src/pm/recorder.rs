@@ -217,15 +217,32 @@ impl CrashPoint<'_> {
     pub fn image_of(&self, choice: &[Landed], out: &mut Vec<u8>) {
         out.clear();
         out.extend_from_slice(self.durable);
-        for l in choice {
-            let first = l.line / CACHE_LINE;
-            let stores = self.in_flight.iter().filter(|s| s.line() == first);
-            let mut stores: Vec<&InFlight> = stores.collect();
-            stores.sort_by_key(|s| s.seq);
-            for s in stores.iter().take(l.stores) {
-                out[s.offset..s.offset + s.bytes.len()].copy_from_slice(&s.bytes);
-            }
+        for (line, bytes) in self.landed_lines(choice) {
+            out[line..line + bytes.len()].copy_from_slice(&bytes);
         }
+    }
+
+    /// The bytes each line of `choice` holds in the image it makes, with
+    /// the line's offset: the image is the durable one with these over it.
+    pub fn landed_lines(&self, choice: &[Landed]) -> Vec<(usize, Vec<u8>)> {
+        choice
+            .iter()
+            .map(|l| {
+                let end = (l.line + CACHE_LINE).min(self.durable.len());
+                let mut bytes = self.durable[l.line..end].to_vec();
+                let mut stores: Vec<&InFlight> = self
+                    .in_flight
+                    .iter()
+                    .filter(|s| s.line() == l.line / CACHE_LINE)
+                    .collect();
+                stores.sort_by_key(|s| s.seq);
+                for s in stores.iter().take(l.stores) {
+                    let at = s.offset - l.line;
+                    bytes[at..at + s.bytes.len()].copy_from_slice(&s.bytes);
+                }
+                (l.line, bytes)
+            })
+            .collect()
     }
 
     /// An owned copy, to look at after the fence has passed.
@@ -674,6 +691,12 @@ mod tests {
         assert_eq!(image[128], 0, "line 2 was not chosen");
         assert_eq!((image[192], image[193]), (5, 0));
         assert_eq!(choice[1].to_string(), "0xc0:2/3");
+        // The same image as the durable one with the chosen lines over it.
+        let landed = cp.landed_lines(&choice);
+        assert_eq!(landed.len(), 2);
+        assert_eq!((landed[0].0, landed[1].0), (0, 192));
+        assert_eq!(landed[0].1, image[..64]);
+        assert_eq!(landed[1].1, image[192..256]);
     }
 
     #[test]
