@@ -9,6 +9,8 @@ use clap::{Parser, Subcommand};
 use kucofs_common::pm::{Hardware, Space};
 use kucofs_common::size::{format_size, parse_size};
 
+mod explore;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "kucofs",
@@ -49,6 +51,10 @@ enum Command {
         /// The image to check.
         image: PathBuf,
     },
+    /// Crash every operation at every fence: recover each crash image the
+    /// hardware allows (up to K torn cache lines) and check it; exits
+    /// non-zero if any check fails.
+    Crashtest(explore::Args),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -92,6 +98,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 );
             }
         }
+        Command::Crashtest(args) => explore::run(args)?,
     }
     Ok(())
 }

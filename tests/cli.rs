@@ -250,3 +250,51 @@ fn a_damaged_log_entry_is_told_from_a_torn_end() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// `kucofs crashtest` explores what it is told, prints one line per
+/// operation, and ends with the count line; an unknown operation is one
+/// sentence naming the ones there are.
+#[test]
+fn crashtest_of_one_operation_ends_with_the_count_line() {
+    let o = kucofs(&["crashtest", "--filter", "chown", "--k", "1", "--jobs", "1"]);
+    assert!(o.status.success(), "{o:?}");
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("chown: 1 sequences, "), "{text}");
+    let last = lines.last().unwrap();
+    let n: u64 = last
+        .strip_prefix("crash states: ")
+        .and_then(|l| l.strip_suffix(" checked, 0 violations"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("last line: {last:?}"));
+    assert!(n > 0);
+    assert_refused(
+        &kucofs(&["crashtest", "--filter", "no-such-op"]),
+        "rename-dir-over-across",
+    );
+}
+
+/// Two processes, each exploring its share, add up to the same count as
+/// one.
+#[test]
+fn crashtest_in_two_processes_counts_what_one_does() {
+    let count = |jobs: &str| {
+        let o = kucofs(&[
+            "crashtest",
+            "--filter",
+            "ch",
+            "--k",
+            "0",
+            "--no-recovery",
+            "--jobs",
+            jobs,
+        ]);
+        assert!(o.status.success(), "{o:?}");
+        let text = stdout(&o);
+        assert!(text.contains("chmod: 1 sequences") && text.contains("chown: 1 sequences"));
+        text.lines().last().unwrap().to_owned()
+    };
+    let one = count("1");
+    assert!(one.starts_with("crash states: ") && one.ends_with(" checked, 0 violations"));
+    assert_eq!(count("2"), one);
+}

@@ -17,8 +17,14 @@ pub const INDEX_RESERVE: u64 = 64 << 30;
 const _: () = assert!(INDEX_RESERVE <= 1 << kucofs_common::index::layout::LINK_NODE_BITS);
 /// Step by which the memfd grows.
 const GROW_STEP: u64 = 64 << 20;
-/// Pages are allocated this far ahead of the allocation pointer, in one
-/// call, rather than one fault at a time.
+/// Pages are allocated ahead of the allocation pointer, in one call,
+/// rather than one fault at a time: as far ahead as the index has pages
+/// already, from this much up to [`POPULATE_STEP`]. A small index (a
+/// fresh or small file system, an fsck of one) takes little memory and
+/// little time to clear it, and a large one populates in steps that make
+/// the calls few.
+const POPULATE_FIRST: u64 = 64 << 10;
+/// The longest step of population ahead.
 const POPULATE_STEP: u64 = 4 << 20;
 /// Fresh index space that is made to exist before a change that allocates
 /// is logged: more than any one change allocates (the most is a
@@ -228,7 +234,8 @@ impl Arena {
                 self.used = end;
                 self.put(HDR_USED, end)?;
                 if end > self.populated {
-                    let to = end.max(self.populated + POPULATE_STEP).min(self.shm.len());
+                    let step = self.populated.clamp(POPULATE_FIRST, POPULATE_STEP);
+                    let to = end.max(self.populated + step).min(self.shm.len());
                     self.shm.populate(self.populated, to - self.populated);
                     self.populated = to;
                 }

@@ -4,6 +4,7 @@
 //! ([`Image`]), and inspects them ([`inspect`]).
 
 pub mod arena;
+pub mod crashtest;
 mod error;
 pub mod fsck;
 pub mod image;

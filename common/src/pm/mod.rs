@@ -19,7 +19,7 @@ mod shm;
 pub use cpu::{prefetch, FlushInstr};
 pub use mapping::{Media, HUGE_PAGE};
 pub use persist::{Hardware, Persist};
-pub use recorder::{InFlight, InFlightKind, Recorder};
+pub use recorder::{CrashPoint, CrashState, InFlight, InFlightKind, Landed, Prefixes, Recorder};
 pub use region::{
     allocated, MapMode, PoolWriter, Protection, Protector, Region, RegionView, Space, BATCH_PAGES,
     BATCH_TIME,

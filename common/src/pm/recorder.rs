@@ -8,7 +8,13 @@
 //! caches write lines back whenever they like. At any moment the allowed crash
 //! images are the durable image plus, for every cache line, some prefix (in
 //! program order) of that line's in-flight stores; [`CrashPoint::images`]
-//! builds them, and [`Recorder::on_fence`] hands a test every fence.
+//! builds them, and [`Recorder::on_fence`] hands a test every fence. Their
+//! number is the product over lines of (stores + 1), far too many once a
+//! fence has pages in flight, so [`CrashPoint::for_each_bounded`] yields
+//! those in which at most `k` lines hold any of their in-flight stores
+//! (about lines^k of them). A missing flush or fence shows with one or two
+//! such lines: an entry durable without the data it names, a superblock
+//! without the checkpoint it points to.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -101,6 +107,214 @@ impl CrashPoint<'_> {
                 landed[i] = 0;
                 i += 1;
             }
+        }
+    }
+}
+
+/// One cache line of a crash image chosen by
+/// [`CrashPoint::for_each_bounded`]: the first `stores` of the line's
+/// in-flight stores (in program order) reached the media, the rest did not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Landed {
+    /// Offset in the region of the line's first byte.
+    pub line: usize,
+    /// How many of its in-flight stores landed (at least 1).
+    pub stores: usize,
+    /// How many it had in flight.
+    pub of: usize,
+}
+
+impl fmt::Display for Landed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}:{}/{}", self.line, self.stores, self.of)
+    }
+}
+
+/// Which crash images [`CrashPoint::for_each_bounded`] yields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefixes {
+    /// Every non-empty prefix of every chosen line.
+    All,
+    /// One choice per distinct image: a prefix that leaves its line as the
+    /// durable image has it, or as a shorter prefix left it, makes an image
+    /// that another choice (with that line left out, or at the shorter
+    /// prefix) makes already, and is skipped.
+    Distinct,
+}
+
+impl CrashPoint<'_> {
+    /// The in-flight stores of each line, grouped in program order, with
+    /// the line's offset.
+    fn line_groups(&self) -> Vec<(usize, Vec<&InFlight>)> {
+        lines(self.in_flight)
+            .into_iter()
+            .map(|(line, stores)| (line * CACHE_LINE, stores))
+            .collect()
+    }
+
+    /// Number of crash images in which at most `k` lines hold some of
+    /// their in-flight stores (each of those at one of its non-empty
+    /// prefixes) and every other line holds none: the durable image alone,
+    /// plus for every set of at most `k` lines the product of their store
+    /// counts. Saturating.
+    pub fn bounded_image_count(&self, k: usize) -> u64 {
+        let counts: Vec<u64> = lines(self.in_flight)
+            .values()
+            .map(|s| s.len() as u64)
+            .collect();
+        bounded_count(&counts, k)
+    }
+
+    /// Calls `f` with every crash image in which at most `k` in-flight
+    /// lines hold a non-empty program-order prefix of their stores (the
+    /// durable image alone first, then the lines in increasing order of
+    /// offset), as the list of lines chosen; with [`Prefixes::Distinct`],
+    /// only one choice per distinct image. [`CrashPoint::image_of`] makes
+    /// the image a choice describes. Returns how many choices `f` saw.
+    pub fn for_each_bounded(
+        &self,
+        k: usize,
+        prefixes: Prefixes,
+        mut f: impl FnMut(&[Landed]),
+    ) -> u64 {
+        // Each line with its candidate prefix lengths.
+        let mut options: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+        for (line, stores) in self.line_groups() {
+            let all: Vec<usize> = (1..=stores.len()).collect();
+            let kept = match prefixes {
+                Prefixes::All => all,
+                Prefixes::Distinct => {
+                    let end = (line + CACHE_LINE).min(self.durable.len());
+                    let mut bytes = self.durable[line..end].to_vec();
+                    let mut seen = vec![bytes.clone()];
+                    let mut kept = Vec::new();
+                    for (i, s) in stores.iter().enumerate() {
+                        let at = s.offset - line;
+                        bytes[at..at + s.bytes.len()].copy_from_slice(&s.bytes);
+                        if !seen.contains(&bytes) {
+                            seen.push(bytes.clone());
+                            kept.push(i + 1);
+                        }
+                    }
+                    kept
+                }
+            };
+            if !kept.is_empty() {
+                options.push((line, stores.len(), kept));
+            }
+        }
+        let mut chosen = Vec::with_capacity(k);
+        let mut seen = 0u64;
+        choose(&options, 0, k, &mut chosen, &mut |c| {
+            seen += 1;
+            f(c)
+        });
+        seen
+    }
+
+    /// The crash image in which exactly the lines of `choice` hold their
+    /// stores' prefixes, written into `out` (resized to the region).
+    pub fn image_of(&self, choice: &[Landed], out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(self.durable);
+        for (line, bytes) in self.landed_lines(choice) {
+            out[line..line + bytes.len()].copy_from_slice(&bytes);
+        }
+    }
+
+    /// The bytes each line of `choice` holds in the image it makes, with
+    /// the line's offset: the image is the durable one with these over it.
+    pub fn landed_lines(&self, choice: &[Landed]) -> Vec<(usize, Vec<u8>)> {
+        choice
+            .iter()
+            .map(|l| {
+                let end = (l.line + CACHE_LINE).min(self.durable.len());
+                let mut bytes = self.durable[l.line..end].to_vec();
+                let mut stores: Vec<&InFlight> = self
+                    .in_flight
+                    .iter()
+                    .filter(|s| s.line() == l.line / CACHE_LINE)
+                    .collect();
+                stores.sort_by_key(|s| s.seq);
+                for s in stores.iter().take(l.stores) {
+                    let at = s.offset - l.line;
+                    bytes[at..at + s.bytes.len()].copy_from_slice(&s.bytes);
+                }
+                (l.line, bytes)
+            })
+            .collect()
+    }
+
+    /// An owned copy, to look at after the fence has passed.
+    pub fn to_state(&self) -> CrashState {
+        CrashState {
+            fence: self.fence,
+            durable: self.durable.to_vec(),
+            in_flight: self.in_flight.to_vec(),
+        }
+    }
+}
+
+/// Number of ways to pick at most `k` of the lines, each with one of its
+/// `counts` prefixes: the elementary symmetric sums e_0 .. e_k of the
+/// counts, saturating.
+fn bounded_count(counts: &[u64], k: usize) -> u64 {
+    // e[j] after the first i lines: picks of j lines among them.
+    let mut e = vec![0u64; k + 1];
+    e[0] = 1;
+    for &c in counts {
+        for j in (1..=k).rev() {
+            e[j] = e[j].saturating_add(e[j - 1].saturating_mul(c));
+        }
+    }
+    e.iter().fold(0u64, |n, &x| n.saturating_add(x))
+}
+
+/// Every pick of at most `left` more lines from `options[from..]`, each at
+/// one of its kept prefixes, added to `chosen`, in lexicographic order.
+fn choose(
+    options: &[(usize, usize, Vec<usize>)],
+    from: usize,
+    left: usize,
+    chosen: &mut Vec<Landed>,
+    f: &mut impl FnMut(&[Landed]),
+) {
+    f(chosen);
+    if left == 0 {
+        return;
+    }
+    for (i, (line, of, kept)) in options.iter().enumerate().skip(from) {
+        for &stores in kept {
+            chosen.push(Landed {
+                line: *line,
+                stores,
+                of: *of,
+            });
+            choose(options, i + 1, left - 1, chosen, f);
+            chosen.pop();
+        }
+    }
+}
+
+/// A [`CrashPoint`] copied out of the recorder: the media at one fence,
+/// kept to build its crash images later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrashState {
+    /// How many fences came before this one.
+    pub fence: u64,
+    /// Bytes guaranteed on the media.
+    pub durable: Vec<u8>,
+    /// Stores that may or may not be on the media.
+    pub in_flight: Vec<InFlight>,
+}
+
+impl CrashState {
+    /// The crash point this state copies.
+    pub fn point(&self) -> CrashPoint<'_> {
+        CrashPoint {
+            fence: self.fence,
+            durable: &self.durable,
+            in_flight: &self.in_flight,
         }
     }
 }
@@ -402,6 +616,130 @@ mod tests {
         let mut seen: Vec<(u8, u8)> = images.iter().map(|i| (i[0], i[128])).collect();
         seen.sort();
         assert_eq!(seen, vec![(0, 0), (0, 3), (1, 0), (1, 3), (2, 0), (2, 3)]);
+    }
+
+    /// Line 0 gets two stores, line 2 one, line 3 three, each of a byte
+    /// no earlier store or the media held there.
+    fn six_stores_on_three_lines(r: &Region) {
+        r.write(0, &[1]).unwrap();
+        r.write(1, &[2]).unwrap();
+        r.write(128, &[3]).unwrap();
+        r.write_nt(192, &[4]).unwrap();
+        r.write(192, &[5]).unwrap();
+        r.write(193, &[6]).unwrap();
+    }
+
+    #[test]
+    fn bounded_crash_images_count_every_set_of_at_most_k_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        six_stores_on_three_lines(&r);
+        rec.with_crash_point(|cp| {
+            // Store counts 2, 1, 3: e0 = 1, e1 = 6, e2 = 2 + 6 + 3, e3 = 6.
+            let expected = [1, 7, 18, 24, 24];
+            for (k, &n) in expected.iter().enumerate() {
+                assert_eq!(cp.bounded_image_count(k), n, "k = {k}");
+                let mut choices = Vec::new();
+                let seen = cp.for_each_bounded(k, Prefixes::All, |c| choices.push(c.to_vec()));
+                assert_eq!(seen, n, "k = {k}");
+                assert_eq!(choices.len() as u64, n);
+                assert!(choices.iter().all(|c| c.len() <= k));
+                // The durable image alone comes first.
+                assert!(choices[0].is_empty());
+                let mut sorted = choices.clone();
+                sorted.sort();
+                sorted.dedup();
+                assert_eq!(sorted.len(), choices.len(), "a choice repeated");
+            }
+            // With every line allowed, the images are the full set.
+            let mut bounded = Vec::new();
+            let mut buf = Vec::new();
+            cp.for_each_bounded(3, Prefixes::All, |c| {
+                cp.image_of(c, &mut buf);
+                bounded.push(buf.clone());
+            });
+            let mut all = cp.images(100).unwrap();
+            all.sort();
+            bounded.sort();
+            assert_eq!(bounded, all);
+        });
+    }
+
+    #[test]
+    fn a_bounded_choice_lands_exactly_its_lines_prefixes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        six_stores_on_three_lines(&r);
+        let state = rec.with_crash_point(|cp| cp.to_state());
+        let cp = state.point();
+        let mut image = Vec::new();
+        let choice = [
+            Landed {
+                line: 0,
+                stores: 1,
+                of: 2,
+            },
+            Landed {
+                line: 192,
+                stores: 2,
+                of: 3,
+            },
+        ];
+        cp.image_of(&choice, &mut image);
+        assert_eq!(image.len(), 64 * 1024);
+        assert_eq!((image[0], image[1]), (1, 0));
+        assert_eq!(image[128], 0, "line 2 was not chosen");
+        assert_eq!((image[192], image[193]), (5, 0));
+        assert_eq!(choice[1].to_string(), "0xc0:2/3");
+        // The same image as the durable one with the chosen lines over it.
+        let landed = cp.landed_lines(&choice);
+        assert_eq!(landed.len(), 2);
+        assert_eq!((landed[0].0, landed[1].0), (0, 192));
+        assert_eq!(landed[0].1, image[..64]);
+        assert_eq!(landed[1].1, image[192..256]);
+    }
+
+    #[test]
+    fn distinct_bounded_images_skip_prefixes_that_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        // Line 0: a zero over the zero the media holds, then a 7, then a 7
+        // again; line 1: a zero only; line 2: one real change.
+        r.write(0, &[0]).unwrap();
+        r.write(0, &[7]).unwrap();
+        r.write(0, &[7]).unwrap();
+        r.write(64, &[0; 8]).unwrap();
+        r.write(130, &[9]).unwrap();
+        rec.with_crash_point(|cp| {
+            assert_eq!(cp.bounded_image_count(2), 1 + 5 + (3 + 3 + 1));
+            let mut choices = Vec::new();
+            let n = cp.for_each_bounded(2, Prefixes::Distinct, |c| choices.push(c.to_vec()));
+            // Line 0 only at prefix 2 (its first 7), line 2 at prefix 1.
+            let l0 = Landed {
+                line: 0,
+                stores: 2,
+                of: 3,
+            };
+            let l2 = Landed {
+                line: 128,
+                stores: 1,
+                of: 1,
+            };
+            assert_eq!(choices, vec![vec![], vec![l0], vec![l0, l2], vec![l2]]);
+            assert_eq!(n, 4);
+            // Every image the bound allows is one of those four.
+            let mut distinct = std::collections::BTreeSet::new();
+            let mut buf = Vec::new();
+            for c in &choices {
+                cp.image_of(c, &mut buf);
+                distinct.insert(buf.clone());
+            }
+            assert_eq!(distinct.len(), 4);
+            cp.for_each_bounded(2, Prefixes::All, |c| {
+                cp.image_of(c, &mut buf);
+                assert!(distinct.contains(&buf), "{c:?} makes an image not counted");
+            });
+        });
     }
 
     #[test]
