@@ -192,6 +192,22 @@ impl Arena {
     /// returns its offset. Its header is written last, so a stale client
     /// offset to the old item fails the generation check from then on.
     pub fn alloc(&mut self, tag: u16, size: u64) -> Result<u64, Errno> {
+        self.alloc_item(tag, size, true)
+    }
+
+    /// [`Arena::alloc`] for an item whose every byte that is ever read the
+    /// caller writes before publishing it (a directory's bucket table): a
+    /// reused one is not zeroed, and fresh pages are not populated now,
+    /// but fault in as the caller's writes reach them. For a large item
+    /// either would be one long stop: a 64 MiB table is 16,384 pages to
+    /// clear or to allocate.
+    pub fn alloc_unset(&mut self, tag: u16, size: u64) -> Result<u64, Errno> {
+        self.alloc_item(tag, size, false)
+    }
+
+    /// [`Arena::alloc`], made ready for reading (zeroed, its pages
+    /// populated) if `ready`.
+    fn alloc_item(&mut self, tag: u16, size: u64, ready: bool) -> Result<u64, Errno> {
         let class = class_for(size).ok_or(Errno::ENOMEM)?;
         let bytes = class_size(class);
         let c = class as usize;
@@ -201,13 +217,15 @@ impl Arena {
         }
         let (off, gen) = match self.ordered[c].pop() {
             Some(off) => {
-                // A reused item holds what its last owner left.
-                let zeros = [0u8; 512];
-                let mut at = 8;
-                while at < bytes {
-                    let n = (bytes - at).min(512);
-                    self.put_bytes(off + at, &zeros[..n as usize])?;
-                    at += n;
+                if ready {
+                    // A reused item holds what its last owner left.
+                    let zeros = [0u8; 512];
+                    let mut at = 8;
+                    while at < bytes {
+                        let n = (bytes - at).min(512);
+                        self.put_bytes(off + at, &zeros[..n as usize])?;
+                        at += n;
+                    }
                 }
                 (off, header_gen(self.get(off)).wrapping_add(1))
             }
@@ -227,7 +245,11 @@ impl Arena {
                 }
                 self.used = end;
                 self.put(HDR_USED, end)?;
-                if end > self.populated {
+                if !ready {
+                    // Its pages are left to its writes; populating goes on
+                    // from its end.
+                    self.populated = self.populated.max(end);
+                } else if end > self.populated {
                     let to = end.max(self.populated + POPULATE_STEP).min(self.shm.len());
                     self.shm.populate(self.populated, to - self.populated);
                     self.populated = to;
@@ -418,6 +440,34 @@ mod tests {
         let z = a.alloc(TAG_INODE, INODE_SIZE).unwrap();
         assert_eq!(z, x);
         assert_eq!(header_gen(a.get(z)), gen + 1);
+    }
+
+    #[test]
+    fn an_unset_item_is_neither_cleared_nor_populated_but_gets_a_new_generation() {
+        let mut a = Arena::new().unwrap();
+        let size = B_SLOTS + (8 << 20);
+        let class = class_for(size).unwrap();
+        let x = a.alloc_unset(TAG_BUCKETS, size).unwrap();
+        assert_eq!(a.get(x), header(TAG_BUCKETS, class, 1));
+        // Fresh: its pages are left to its writes, and populating goes on
+        // from its end.
+        assert_eq!(a.populated, a.used());
+        a.put(x + B_SLOTS + 8 * 1000, 0xabcd).unwrap();
+        a.retire(x).unwrap();
+        assert_eq!(a.reclaim([0].into_iter()).unwrap(), 1);
+        // Reused: what its last owner left is still there, under the next
+        // generation, written last.
+        let y = a.alloc_unset(TAG_BUCKETS, size).unwrap();
+        assert_eq!(y, x);
+        assert_eq!(a.get(y), header(TAG_BUCKETS, class, 2));
+        assert_eq!(a.get(y + B_SLOTS + 8 * 1000), 0xabcd);
+        // An ordinary allocation of it is cleared.
+        a.retire(y).unwrap();
+        assert_eq!(a.reclaim([0].into_iter()).unwrap(), 1);
+        let z = a.alloc(TAG_BUCKETS, size).unwrap();
+        assert_eq!(z, x);
+        assert_eq!(a.get(z), header(TAG_BUCKETS, class, 3));
+        assert_eq!(a.get(z + B_SLOTS + 8 * 1000), 0);
     }
 
     /// The most fresh space one change can allocate: a directory's table
