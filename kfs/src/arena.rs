@@ -21,11 +21,11 @@ const GROW_STEP: u64 = 64 << 20;
 /// call, rather than one fault at a time.
 const POPULATE_STEP: u64 = 4 << 20;
 /// Fresh index space that is made to exist before a change that allocates
-/// is logged: more than any one change allocates (the most is a
-/// directory's table doubling to its largest size, with a sentinel for
-/// every old bucket; see `worst_change` in the tests). Growing the shared
-/// memory only sets its length, so the room costs no memory until it is
-/// used.
+/// is logged: more than any one change allocates (the most is an add
+/// that starts a directory's doubling to its largest table, and migrates
+/// the doubling's first step of buckets; see `worst_change` in the tests).
+/// Growing the shared memory only sets its length, so the room costs no
+/// memory until it is used.
 pub const ROOM: u64 = 1 << 30;
 
 /// Most items one reclamation frees.
@@ -471,15 +471,17 @@ mod tests {
     }
 
     /// The most fresh space one change can allocate: a directory's table
-    /// doubling to its largest size with a sentinel in every old bucket,
-    /// plus a new inode, entry, inode-table chunk and symlink target, plus
-    /// a largest commit's map nodes: its leaves, two new interior nodes on
-    /// every level (its pages may straddle two), and a new root for every
-    /// level of a tree grown from nothing.
+    /// doubling to its largest size, started by the change, with a
+    /// migration step's sentinels (a change allocates one table at most,
+    /// and migrates at most a step: see `maybe_grow`), plus a new inode,
+    /// entry, inode-table chunk and symlink target, plus a largest
+    /// commit's map nodes: its leaves, two new interior nodes on every
+    /// level (its pages may straddle two), and a new root for every level
+    /// of a tree grown from nothing.
     fn worst_change() -> u64 {
         let item = |size| class_size(class_for(size).unwrap());
         let table = item(B_SLOTS + (8 << BUCKET_BITS_MAX));
-        let sentinels = (1u64 << (BUCKET_BITS_MAX - 1)) * item(dirent_size(0));
+        let sentinels = crate::namespace::GROW_STEP * item(dirent_size(0));
         let create = item(INODE_SIZE)
             + item(dirent_size(kucofs_common::index::NAME_MAX))
             + item(ITABLE_SLOTS_AT + 8 * ITABLE_CHUNK_INOS)

@@ -92,6 +92,8 @@ pub struct Namespace {
     open: crate::intmap::IntMap<u64, u32>,
     /// The latest time [`Namespace::stamp`] handed out.
     last_stamp: i64,
+    /// Directories' bucket tables being doubled.
+    doublings: grow::Doublings,
 }
 
 /// The latest stamp of any namespace this process has dropped: a file
@@ -187,6 +189,7 @@ impl Namespace {
             scratch: Vec::new(),
             open: crate::intmap::IntMap::default(),
             last_stamp: DROPPED_STAMP.load(Ordering::Relaxed),
+            doublings: grow::Doublings::default(),
         };
         let root_inode = ns.new_inode(
             ROOT_INO,
@@ -1190,7 +1193,10 @@ impl Namespace {
 }
 
 mod dir;
+mod grow;
 mod map;
+
+pub use grow::GROW_STEP;
 
 #[cfg(test)]
 mod tests;
