@@ -138,7 +138,8 @@ fn a_listing_during_changes_returns_every_stable_entry_exactly_once() {
     let fs = Fs::create(dir.path().join("img"), 64 << 20).unwrap();
     fs.create_dir("d").unwrap();
     // 2,040 names: the table has 2,048 buckets (one entry a bucket), so the
-    // churn's ninth create doubles it.
+    // churn's ninth create starts doubling it, and its creates, each
+    // migrating a step of the old buckets, end the doubling by its 520th.
     let stable: BTreeSet<String> = (0..2040).map(|i| format!("stable-{i}")).collect();
     for name in &stable {
         fs.create_file(format!("d/{name}")).unwrap();
@@ -180,8 +181,9 @@ fn a_listing_during_changes_returns_every_stable_entry_exactly_once() {
                 // The first listing waits, part-way, for the churn to double
                 // the table and go on, whatever the scheduler does.
                 if round == 0 && seen.len() == 1000 {
+                    let doubled = 9 + 2048 / kucofs_kfs::namespace::GROW_STEP + 50;
                     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-                    while churned.load(Ordering::Relaxed) < 60 {
+                    while churned.load(Ordering::Relaxed) < doubled {
                         assert!(
                             std::time::Instant::now() < deadline,
                             "the churn thread did not run"

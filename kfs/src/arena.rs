@@ -27,11 +27,11 @@ const POPULATE_FIRST: u64 = 64 << 10;
 /// The longest step of population ahead.
 const POPULATE_STEP: u64 = 4 << 20;
 /// Fresh index space that is made to exist before a change that allocates
-/// is logged: more than any one change allocates (the most is a
-/// directory's table doubling to its largest size, with a sentinel for
-/// every old bucket; see `worst_change` in the tests). Growing the shared
-/// memory only sets its length, so the room costs no memory until it is
-/// used.
+/// is logged: more than any one change allocates (the most is an add
+/// that starts a directory's doubling to its largest table, and migrates
+/// the doubling's first step of buckets; see `worst_change` in the tests).
+/// Growing the shared memory only sets its length, so the room costs no
+/// memory until it is used.
 pub const ROOM: u64 = 1 << 30;
 
 /// Most items one reclamation frees.
@@ -198,6 +198,22 @@ impl Arena {
     /// returns its offset. Its header is written last, so a stale client
     /// offset to the old item fails the generation check from then on.
     pub fn alloc(&mut self, tag: u16, size: u64) -> Result<u64, Errno> {
+        self.alloc_item(tag, size, true)
+    }
+
+    /// [`Arena::alloc`] for an item whose every byte that is ever read the
+    /// caller writes before publishing it (a directory's bucket table): a
+    /// reused one is not zeroed, and fresh pages are not populated now,
+    /// but fault in as the caller's writes reach them. For a large item
+    /// either would be one long stop: a 64 MiB table is 16,384 pages to
+    /// clear or to allocate.
+    pub fn alloc_unset(&mut self, tag: u16, size: u64) -> Result<u64, Errno> {
+        self.alloc_item(tag, size, false)
+    }
+
+    /// [`Arena::alloc`], made ready for reading (zeroed, its pages
+    /// populated) if `ready`.
+    fn alloc_item(&mut self, tag: u16, size: u64, ready: bool) -> Result<u64, Errno> {
         let class = class_for(size).ok_or(Errno::ENOMEM)?;
         let bytes = class_size(class);
         let c = class as usize;
@@ -207,13 +223,15 @@ impl Arena {
         }
         let (off, gen) = match self.ordered[c].pop() {
             Some(off) => {
-                // A reused item holds what its last owner left.
-                let zeros = [0u8; 512];
-                let mut at = 8;
-                while at < bytes {
-                    let n = (bytes - at).min(512);
-                    self.put_bytes(off + at, &zeros[..n as usize])?;
-                    at += n;
+                if ready {
+                    // A reused item holds what its last owner left.
+                    let zeros = [0u8; 512];
+                    let mut at = 8;
+                    while at < bytes {
+                        let n = (bytes - at).min(512);
+                        self.put_bytes(off + at, &zeros[..n as usize])?;
+                        at += n;
+                    }
                 }
                 (off, header_gen(self.get(off)).wrapping_add(1))
             }
@@ -233,7 +251,11 @@ impl Arena {
                 }
                 self.used = end;
                 self.put(HDR_USED, end)?;
-                if end > self.populated {
+                if !ready {
+                    // Its pages are left to its writes; populating goes on
+                    // from its end.
+                    self.populated = self.populated.max(end);
+                } else if end > self.populated {
                     let step = self.populated.clamp(POPULATE_FIRST, POPULATE_STEP);
                     let to = end.max(self.populated + step).min(self.shm.len());
                     self.shm.populate(self.populated, to - self.populated);
@@ -427,16 +449,46 @@ mod tests {
         assert_eq!(header_gen(a.get(z)), gen + 1);
     }
 
+    #[test]
+    fn an_unset_item_is_neither_cleared_nor_populated_but_gets_a_new_generation() {
+        let mut a = Arena::new().unwrap();
+        let size = B_SLOTS + (8 << 20);
+        let class = class_for(size).unwrap();
+        let x = a.alloc_unset(TAG_BUCKETS, size).unwrap();
+        assert_eq!(a.get(x), header(TAG_BUCKETS, class, 1));
+        // Fresh: its pages are left to its writes, and populating goes on
+        // from its end.
+        assert_eq!(a.populated, a.used());
+        a.put(x + B_SLOTS + 8 * 1000, 0xabcd).unwrap();
+        a.retire(x).unwrap();
+        assert_eq!(a.reclaim([0].into_iter()).unwrap(), 1);
+        // Reused: what its last owner left is still there, under the next
+        // generation, written last.
+        let y = a.alloc_unset(TAG_BUCKETS, size).unwrap();
+        assert_eq!(y, x);
+        assert_eq!(a.get(y), header(TAG_BUCKETS, class, 2));
+        assert_eq!(a.get(y + B_SLOTS + 8 * 1000), 0xabcd);
+        // An ordinary allocation of it is cleared.
+        a.retire(y).unwrap();
+        assert_eq!(a.reclaim([0].into_iter()).unwrap(), 1);
+        let z = a.alloc(TAG_BUCKETS, size).unwrap();
+        assert_eq!(z, x);
+        assert_eq!(a.get(z), header(TAG_BUCKETS, class, 3));
+        assert_eq!(a.get(z + B_SLOTS + 8 * 1000), 0);
+    }
+
     /// The most fresh space one change can allocate: a directory's table
-    /// doubling to its largest size with a sentinel in every old bucket,
-    /// plus a new inode, entry, inode-table chunk and symlink target, plus
-    /// a largest commit's map nodes: its leaves, two new interior nodes on
-    /// every level (its pages may straddle two), and a new root for every
-    /// level of a tree grown from nothing.
+    /// doubling to its largest size, started by the change, with a
+    /// migration step's sentinels (a change allocates one table at most,
+    /// and migrates at most a step: see `maybe_grow`), plus a new inode,
+    /// entry, inode-table chunk and symlink target, plus a largest
+    /// commit's map nodes: its leaves, two new interior nodes on every
+    /// level (its pages may straddle two), and a new root for every level
+    /// of a tree grown from nothing.
     fn worst_change() -> u64 {
         let item = |size| class_size(class_for(size).unwrap());
         let table = item(B_SLOTS + (8 << BUCKET_BITS_MAX));
-        let sentinels = (1u64 << (BUCKET_BITS_MAX - 1)) * item(dirent_size(0));
+        let sentinels = crate::namespace::GROW_STEP * item(dirent_size(0));
         let create = item(INODE_SIZE)
             + item(dirent_size(kucofs_common::index::NAME_MAX))
             + item(ITABLE_SLOTS_AT + 8 * ITABLE_CHUNK_INOS)

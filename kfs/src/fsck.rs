@@ -247,8 +247,10 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
 }
 
 /// A directory's list is sorted and loop-free, holds only live nodes of
-/// the directory, and its bucket table points at the right sentinels.
-/// False if the list loops (it cannot be walked to its end).
+/// the directory, and its bucket table points at the right sentinels;
+/// while the table doubles, the list also holds the sentinels of the old
+/// buckets migrated so far, and the new table points at them. False if
+/// the list loops (it cannot be walked to its end).
 fn check_list(
     r: &IndexReader<'_, Shm>,
     ns: &Namespace,
@@ -297,22 +299,54 @@ fn check_list(
         p.push(format!("directory {dir_ino}: no valid bucket table"));
         return true;
     }
-    if sentinels != (1 << bits) - 1 {
+    let doubling = ns.doubling(dir);
+    let migrated = doubling.map_or(0, |(_, m)| m);
+    if sentinels != (1 << bits) - 1 + migrated {
+        let split = match doubling {
+            Some(_) => format!(", {migrated} of them split"),
+            None => String::new(),
+        };
         p.push(format!(
-            "directory {dir_ino}: {sentinels} sentinels for a table of {} buckets",
+            "directory {dir_ino}: {sentinels} sentinels for a table of {} buckets{split}",
             1u64 << bits
         ));
     }
+    // A sentinel of this directory with the key `bucket_start(b, bits)`.
+    let is_sentinel = |s: u64, b: u64, bits: u32| {
+        seen.contains(&s) && r.is_marker(s) && r.dirent(s).hash == bucket_start(b, bits)
+    };
     for b in 0..1u64 << bits {
         let s = ns.arena().get(table + B_SLOTS + 8 * b);
         let ok = if b == 0 {
             s == head
         } else {
-            seen.contains(&s) && r.is_marker(s) && r.dirent(s).hash == bucket_start(b, bits)
+            is_sentinel(s, b, bits)
         };
         if !ok {
             p.push(format!(
                 "directory {dir_ino}: bucket {b} does not start at its sentinel"
+            ));
+        }
+    }
+    let Some((new, migrated)) = doubling else {
+        return true;
+    };
+    // The sentinels counted above are the old table's and, in the new
+    // table's odd slots, distinct keys: every sentinel is accounted for.
+    let nb = bits + 1;
+    if !r.is_live(new, TAG_BUCKETS, None) || ns.arena().get(new + B_BITS) != u64::from(nb) {
+        p.push(format!(
+            "directory {dir_ino}: its growing table is no table of {} buckets",
+            1u64 << nb
+        ));
+        return true;
+    }
+    for b in 0..migrated {
+        let low = ns.arena().get(new + B_SLOTS + 16 * b);
+        let high = ns.arena().get(new + B_SLOTS + 16 * b + 8);
+        if low != ns.arena().get(table + B_SLOTS + 8 * b) || !is_sentinel(high, 2 * b + 1, nb) {
+            p.push(format!(
+                "directory {dir_ino}: bucket {b} is not split at its new sentinel"
             ));
         }
     }
@@ -391,7 +425,7 @@ fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kucofs_common::index::layout::D_NEXT;
     use kucofs_common::proto::{Creds, Request};
@@ -425,7 +459,7 @@ mod tests {
     }
 
     /// The problems `check_tree` finds.
-    fn problems(ns: &Namespace) -> Vec<String> {
+    pub(crate) fn problems(ns: &Namespace) -> Vec<String> {
         let mut report = FsckReport {
             superblock: superblock(),
             problems: Vec::new(),

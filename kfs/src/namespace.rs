@@ -101,6 +101,8 @@ pub struct Namespace {
     /// What the changes since the last retirement of the log touched in
     /// the metadata store, and where its records lie.
     store: Store,
+    /// Directories' bucket tables being doubled.
+    doublings: grow::Doublings,
 }
 
 /// The latest stamp of any namespace this process has dropped: a file
@@ -197,6 +199,7 @@ impl Namespace {
             open: crate::intmap::IntMap::default(),
             last_stamp: DROPPED_STAMP.load(Ordering::Relaxed),
             store: Store::default(),
+            doublings: grow::Doublings::default(),
         };
         let root_inode = ns.new_inode(
             ROOT_INO,
@@ -1267,9 +1270,11 @@ impl Namespace {
 }
 
 mod dir;
+mod grow;
 mod map;
 
 pub use dir::LoadedEntry;
+pub use grow::GROW_STEP;
 
 #[cfg(test)]
 mod tests;

@@ -183,6 +183,13 @@ impl Volume {
         self.reclaim_now()
     }
 
+    /// Advances the directories' table doublings under way by at most
+    /// `buckets` buckets (see [`Namespace::grow_step`]); true if one is
+    /// still under way.
+    pub fn grow_step(&mut self, buckets: u64) -> bool {
+        self.ns.grow_step(buckets)
+    }
+
     /// Frees index items and data pages that no client thread can still
     /// be reading; returns how many.
     pub fn reclaim_now(&mut self) -> usize {

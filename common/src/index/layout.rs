@@ -32,10 +32,15 @@
 //! with key (first hash of the bucket, empty name), below every entry of
 //! the bucket; slot 0 points at the head. A search jumps to its bucket's
 //! sentinel and walks a couple of nodes. When the entries outgrow the table
-//! (more than [`LOAD`] per bucket), Kfs builds a table of twice the size,
-//! adding a sentinel in the middle of every old bucket, publishes it, and
-//! retires the old one. Sentinels and the head are dirent-shaped items with
-//! an empty name, so a walk treats them as nodes and a listing skips them.
+//! (more than [`LOAD`] per bucket), Kfs builds a table of twice the size a
+//! few old buckets at a time, adding a sentinel in the middle of each, and
+//! publishes it, complete, once every old bucket has its new sentinel,
+//! then retires the old one. Until then the old table stays published, and
+//! complete, while the list holds new sentinels it does not point at: a
+//! search walks past them as ordinary nodes (each sits at its own key),
+//! and a bucket's chain ends at the next bucket's sentinel, not at the
+//! first marker. Sentinels and the head are dirent-shaped items with an
+//! empty name, so a walk treats them as nodes and a listing skips them.
 //! Each link holds, beside the next node's offset, the top bits of that
 //! node's hash ([`link`]), so a search decides to stop or pass at a node
 //! without reading it: a create's search for its (absent) name reads its

@@ -482,7 +482,10 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// bucket's, and the entries of a large directory lie wherever they
     /// were made: walking the one list node by node is a cache miss per
     /// entry. So the chains of [`CHAINS`] buckets are walked in step, each
-    /// next node prefetched, and their misses overlap.
+    /// next node prefetched, and their misses overlap. A chain ends at the
+    /// next bucket's own sentinel, not at the first marker: while the
+    /// table doubles, a bucket's chain also holds the new table's sentinel
+    /// in its middle.
     pub fn for_each_entry(&self, dir: u64, mut f: impl FnMut(&[u8], u64)) {
         const CHAINS: usize = 32;
         let mut buf = [0u8; NAME_MAX];
@@ -522,31 +525,37 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         let mut first = 0;
         while first < buckets {
             let n = (CHAINS as u64).min(buckets - first) as usize;
-            // Each chain's next node; 0 once it reached a marker (the next
-            // bucket's sentinel) or the end.
+            // Each chain's next node, and where it ends (the next bucket's
+            // sentinel, or 0 for the last bucket); the node is 0 once the
+            // chain reached its end.
             let mut at = [0u64; CHAINS];
+            let mut end = [0u64; CHAINS];
             let mut left = 0;
-            for (i, a) in at.iter_mut().enumerate().take(n) {
-                *a = self.next(slot(first + i as u64));
+            for (i, (a, e)) in at.iter_mut().zip(&mut end).enumerate().take(n) {
+                let b = first + i as u64;
+                *e = if b + 1 < buckets { slot(b + 1) } else { 0 };
+                *a = self.next(slot(b));
+                if *a == *e {
+                    *a = 0;
+                }
                 self.mem.prefetch(*a);
                 left += usize::from(*a != 0);
             }
             while left > 0 {
-                for a in at.iter_mut().take(n) {
+                for (a, &e) in at.iter_mut().zip(&end).take(n) {
                     if *a == 0 {
-                        continue;
-                    }
-                    if self.is_marker(*a) {
-                        *a = 0;
-                        left -= 1;
                         continue;
                     }
                     let x = *a;
                     *a = self.next(x);
-                    self.mem.prefetch(*a);
-                    visit(x);
-                    if *a == 0 {
+                    if *a == e {
+                        *a = 0;
                         left -= 1;
+                    } else {
+                        self.mem.prefetch(*a);
+                    }
+                    if !self.is_marker(x) {
+                        visit(x);
                     }
                 }
             }

@@ -8,7 +8,6 @@ use std::cmp::Ordering as Cmp;
 
 use kucofs_common::index::layout::*;
 use kucofs_common::index::{check_name, name_hash, Kind};
-use kucofs_common::pm::Words;
 use kucofs_common::proto::Hint;
 use kucofs_common::Errno;
 
@@ -60,6 +59,7 @@ impl Namespace {
         for m in markers {
             self.arena.retire(m)?;
         }
+        self.abandon_doubling(dir)?;
         self.arena.retire(table)?;
         self.arena.retire(head)
     }
@@ -233,77 +233,6 @@ impl Namespace {
         self.arena.put(pred + D_NEXT, r.link(node))?;
         self.entry_gone(node);
         self.arena.retire(node)
-    }
-
-    /// Doubles `dir`'s bucket table once its entries outgrow it: a sentinel
-    /// goes into the middle of every bucket, then the new table is
-    /// published and the old one retired. Readers still using the old table
-    /// walk past the new sentinels as ordinary nodes.
-    pub(super) fn maybe_grow(&mut self, dir: u64) -> Result<(), Errno> {
-        let table = self.arena.get(dir + I_BUCKETS);
-        let bits = self.arena.get(table + B_BITS) as u32;
-        let entries = self.arena.get(dir + I_ENTRIES);
-        if bits >= BUCKET_BITS_MAX || entries <= LOAD << bits {
-            return Ok(());
-        }
-        let nb = bits + 1;
-        let new = self.arena.alloc(TAG_BUCKETS, B_SLOTS + (8 << nb))?;
-        self.arena.put(new + B_BITS, u64::from(nb))?;
-        // The new sentinels' places: for every old bucket, the last node
-        // before its middle. Each is a walk down one chain, a cache miss per
-        // node (the links' tags say where to stop, so the node after the
-        // place is not read); the chains of a batch of buckets are walked in
-        // step, with each next node prefetched, so their misses overlap.
-        const BATCH: u64 = 32;
-        let buckets = 1u64 << bits;
-        let mut first = 0;
-        while first < buckets {
-            let n = BATCH.min(buckets - first) as usize;
-            let r = self.arena.reader();
-            let mut cur = [0u64; BATCH as usize];
-            let mut next = [0u64; BATCH as usize];
-            let mut done = [false; BATCH as usize];
-            for (b, c) in (first..).zip(&mut cur[..n]) {
-                *c = self.arena.get(table + B_SLOTS + 8 * b);
-                r.mem().prefetch(*c + D_NEXT);
-            }
-            let mut left = n;
-            while left > 0 {
-                for i in 0..n {
-                    if done[i] {
-                        continue;
-                    }
-                    let mid = bucket_start(2 * (first + i as u64) + 1, nb);
-                    let l = r.link(cur[i]);
-                    if l & LINK_NODE_MASK == 0 || r.cmp_link(l, mid, b"") != Cmp::Less {
-                        next[i] = l;
-                        done[i] = true;
-                        left -= 1;
-                    } else {
-                        cur[i] = l & LINK_NODE_MASK;
-                        r.mem().prefetch(cur[i] + D_NEXT);
-                    }
-                }
-            }
-            for i in 0..n {
-                let b = first + i as u64;
-                let start = self.arena.get(table + B_SLOTS + 8 * b);
-                let mid = bucket_start(2 * b + 1, nb);
-                let s = self.arena.alloc(TAG_SENTINEL, dirent_size(0))?;
-                self.arena.put(s + D_HASH, mid)?;
-                self.arena.put(s + D_DIR, dir)?;
-                self.arena.put(s + D_NEXT, next[i])?;
-                // Release: the sentinel is complete before it is linked.
-                self.arena.put(cur[i] + D_NEXT, link(s, mid))?;
-                self.arena.put(new + B_SLOTS + 16 * b, start)?;
-                self.arena.put(new + B_SLOTS + 16 * b + 8, s)?;
-            }
-            first += n as u64;
-        }
-        // Release: the table's slots are visible before the table (pairs
-        // with the Acquire in `bucket_start`).
-        self.arena.put(dir + I_BUCKETS, new)?;
-        self.arena.retire(table)
     }
 }
 
