@@ -212,18 +212,25 @@ impl Log {
         self.append_prepared(region)
     }
 
-    /// Clears the area from the write position to its end, durably. After
-    /// a crash the area past the last valid entry may hold entries of the
-    /// same lap that were torn or written by a recovery that did not
-    /// finish; new entries must not end up followed by such leftovers,
-    /// which would read as acknowledged entries after a damaged one.
-    pub fn clear_tail(&mut self, region: &Region) -> Result<(), Errno> {
-        let from = self.area.offset() + self.pos;
-        let len = self.area.len() - self.pos;
-        region
-            .fill(from, len, 0)
-            .and_then(|()| region.flush(from, len))
-            .map_err(|_| Errno::EIO)?;
+    /// Makes the valid entries at `stale` (byte offsets in the area, past
+    /// the write position) invalid, durably, by clearing the cache line
+    /// each starts on (its header). After a crash these are the entries
+    /// of a retirement's batch whose end never became durable: new entries
+    /// go where the batch began, and must not end up followed by a valid
+    /// leftover of it, which would read as an acknowledged entry after a
+    /// damaged one. Past the batch, the area holds nothing valid of this
+    /// lap (recovery checks that before it gets here).
+    pub fn invalidate(&mut self, region: &Region, stale: &[u64]) -> Result<(), Errno> {
+        if stale.is_empty() {
+            return Ok(());
+        }
+        for &at in stale {
+            let line = self.area.offset() + at;
+            region
+                .fill(line, LOG_ENTRY_ALIGN, 0)
+                .and_then(|()| region.flush(line, LOG_ENTRY_ALIGN))
+                .map_err(|_| Errno::EIO)?;
+        }
         region.fence();
         Ok(())
     }

@@ -51,6 +51,9 @@ pub struct Scanned {
     /// Where new entries go: past the last valid entry, or at the start
     /// of a batch that has no end (it is overwritten).
     pub head: LogEnd,
+    /// The offsets of the entries of a batch that has no end, past
+    /// `head`: they are made invalid before anything is written.
+    pub stale: Vec<u64>,
 }
 
 /// Walks the log of the image `sb` describes, reading image bytes through
@@ -64,6 +67,7 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
     let mut out = Scanned::default();
     // An open batch: where it starts, its first sequence, its payload.
     let mut open: Option<(u64, u64, Vec<u8>)> = None;
+    let mut batch_entries = Vec::new();
     let mut fault = None;
     let end = scan_log_with(g.log.len(), sb.log_seq, area, |at, h, payload| {
         if fault.is_some() {
@@ -71,8 +75,12 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
         }
         match h.op {
             op::BATCH => {
+                if open.is_none() {
+                    batch_entries.clear();
+                }
                 let b = open.get_or_insert_with(|| (at, h.seq, Vec::new()));
                 b.2.extend_from_slice(payload);
+                batch_entries.push(at);
             }
             op::BATCH_END => {
                 let Some((_, first, body)) = open.take() else {
@@ -114,6 +122,7 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
         out.head.pos = at;
         out.head.next_seq = first;
         out.head.entries -= end.next_seq - first;
+        out.stale = batch_entries;
     }
     Ok(out)
 }

@@ -113,8 +113,8 @@ impl Volume {
     ///
     /// Recovery: the log walked; its complete batches applied to the store
     /// (durably, before anything else is written); the store loaded and
-    /// the records after the batches replayed; the area past the log's end
-    /// cleared; then a retirement, which writes what the replay changed
+    /// the records after the batches replayed; the entries of a batch left
+    /// without its end made invalid; then a retirement, which writes what the replay changed
     /// into the store and starts the log over. A crash at any point of
     /// this leaves an image that recovers the same way.
     pub fn open_with(path: &Path, persist: Arc<dyn Persist>) -> Result<Volume> {
@@ -141,10 +141,8 @@ impl Volume {
             scanned.head.next_seq,
             scanned.head.entries,
         );
-        if !sb.clean {
-            log.clear_tail(image.region())
-                .map_err(|e| failed(format!("clearing the log's tail: {e:?}")))?;
-        }
+        log.invalidate(image.region(), &scanned.stale)
+            .map_err(|e| failed(format!("clearing a batch left without its end: {e:?}")))?;
         image.set_clean(false)?;
         let mut v = Volume {
             image,
