@@ -462,6 +462,11 @@ impl Superblock {
             },
         };
         geometry.validate().map_err(SuperblockFault::BadGeometry)?;
+        if raw.log_seq == 0 || raw.log_seq >= LOG_SEQ_MAX {
+            return Err(SuperblockFault::BadField(
+                "the log sequence is out of range",
+            ));
+        }
         Ok(Superblock {
             seq: raw.seq,
             compat: raw.compat,
@@ -504,22 +509,50 @@ pub struct LogEntryHeader {
 
 const _: () = assert!(std::mem::size_of::<LogEntryHeader>() == LOG_ENTRY_HEADER_SIZE);
 
+/// A lap of the log: the entries written from the log area's beginning
+/// after one retirement (or mkfs), with consecutive sequence numbers from
+/// `first_seq`. Their checksums are keyed by the image's uuid and
+/// `first_seq`, so that bytes left in the area by an earlier lap never
+/// verify as entries of a later one, nor do bytes a user of the file
+/// system chose (file names, times: a retirement's batch carries store
+/// records as they are), without the uuid, which only the image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lap {
+    /// The sequence number of the lap's first entry.
+    pub first_seq: u64,
+    key: u32,
+}
+
+impl Lap {
+    /// The lap of image `uuid` that starts at sequence `first_seq`.
+    pub fn new(uuid: &[u8; 16], first_seq: u64) -> Lap {
+        let key =
+            crate::checksum::crc32c_append(crate::checksum::crc32c(uuid), &first_seq.to_le_bytes());
+        Lap { first_seq, key }
+    }
+
+    /// The lap the superblock `sb` names.
+    pub fn of(sb: &Superblock) -> Lap {
+        Lap::new(&sb.uuid, sb.log_seq)
+    }
+}
+
 impl LogEntryHeader {
-    /// The header for a payload, checksum computed; `None` if the payload
-    /// is longer than [`LOG_PAYLOAD_MAX`].
-    pub fn new(seq: u64, op: u16, payload: &[u8]) -> Option<LogEntryHeader> {
+    /// The header for a payload of `lap`, checksum computed; `None` if the
+    /// payload is longer than [`LOG_PAYLOAD_MAX`].
+    pub fn new(lap: &Lap, seq: u64, op: u16, payload: &[u8]) -> Option<LogEntryHeader> {
         let mut h = LogEntryHeader {
             crc: 0,
             len: u16::try_from(payload.len()).ok()?,
             op,
             seq,
         };
-        h.crc = h.checksum(payload);
+        h.crc = h.checksum(lap, payload);
         Some(h)
     }
 
-    fn checksum(&self, payload: &[u8]) -> u32 {
-        let head = crate::checksum::crc32c(&bytemuck::bytes_of(self)[4..]);
+    fn checksum(&self, lap: &Lap, payload: &[u8]) -> u32 {
+        let head = crate::checksum::crc32c_append(lap.key, &bytemuck::bytes_of(self)[4..]);
         crate::checksum::crc32c_append(head, payload)
     }
 
@@ -537,9 +570,9 @@ impl LogEntryHeader {
             .map(bytemuck::pod_read_unaligned)
     }
 
-    /// True if `payload` is this entry's intact payload.
-    pub fn verify(&self, payload: &[u8]) -> bool {
-        payload.len() == usize::from(self.len) && self.checksum(payload) == self.crc
+    /// True if `payload` is this entry's intact payload, in `lap`.
+    pub fn verify(&self, lap: &Lap, payload: &[u8]) -> bool {
+        payload.len() == usize::from(self.len) && self.checksum(lap, payload) == self.crc
     }
 
     /// Bytes the entry occupies in the log, padding included.
@@ -547,6 +580,10 @@ impl LogEntryHeader {
         (LOG_ENTRY_HEADER_SIZE as u64 + u64::from(self.len)).next_multiple_of(LOG_ENTRY_ALIGN)
     }
 }
+
+/// Log sequence numbers stay below this (2^62): far more entries than a
+/// file system writes, and room for any arithmetic on them.
+pub const LOG_SEQ_MAX: u64 = 1 << 62;
 
 /// Operation codes a log entry may carry are `1..=LOG_OP_MAX` (Kfs's redo
 /// records and its retirement batches; see Kfs's record module).
@@ -591,18 +628,15 @@ impl fmt::Display for LogDamage {
     }
 }
 
-/// Walks the valid entries of a log area held in `log` (the whole area's
-/// bytes), starting at sequence `first_seq`, and returns them with their
-/// byte offsets. The walk stops at the first entry that is torn, out of
-/// sequence, or would run past the area: that is the log's end.
-pub fn scan_log(log: &[u8], first_seq: u64) -> Vec<(u64, LogEntryHeader)> {
+/// Walks the valid entries of `lap` in a log area held in `log` (the
+/// whole area's bytes), and returns them with their byte offsets. The walk
+/// stops at the first entry that is torn, out of sequence, or would run
+/// past the area: that is the log's end.
+pub fn scan_log(log: &[u8], lap: &Lap) -> Vec<(u64, LogEntryHeader)> {
     let mut entries = Vec::new();
-    scan_log_with(
-        log.len() as u64,
-        first_seq,
-        slice_reader(log),
-        |at, h, _| entries.push((at, *h)),
-    );
+    scan_log_with(log.len() as u64, lap, slice_reader(log), |at, h, _| {
+        entries.push((at, *h))
+    });
     entries
 }
 
@@ -617,11 +651,12 @@ pub fn slice_reader(log: &[u8]) -> impl Fn(u64, &mut [u8]) -> bool + '_ {
     }
 }
 
-/// Reads the entry at `at` if it is a valid entry of sequence `seq` (any
-/// sequence in `seq..` when `exact` is false) whose payload lies inside an
-/// area of `len` bytes; its header, and the payload in `payload`.
+/// Reads the entry at `at` if it is a valid entry of `lap` of sequence
+/// `seq` (any sequence in `seq..` when `exact` is false) whose payload lies
+/// inside an area of `len` bytes; its header, and the payload in `payload`.
 fn entry_at(
     len: u64,
+    lap: &Lap,
     at: u64,
     seq: u64,
     exact: bool,
@@ -649,7 +684,7 @@ fn entry_at(
         return None;
     }
     payload.resize(header.len as usize, 0);
-    (read(start, payload) && header.verify(payload)).then_some(header)
+    (read(start, payload) && header.verify(lap, payload)).then_some(header)
 }
 
 /// [`scan_log`] over a log area of `len` bytes read through `read` (which
@@ -658,17 +693,17 @@ fn entry_at(
 /// payload. Returns where the walk ended.
 pub fn scan_log_with(
     len: u64,
-    first_seq: u64,
+    lap: &Lap,
     read: impl Fn(u64, &mut [u8]) -> bool,
     mut visit: impl FnMut(u64, &LogEntryHeader, &[u8]),
 ) -> LogEnd {
     let mut end = LogEnd {
         pos: 0,
-        next_seq: first_seq,
+        next_seq: lap.first_seq,
         entries: 0,
     };
     let mut payload = Vec::new();
-    while let Some(header) = entry_at(len, end.pos, end.next_seq, true, &read, &mut payload) {
+    while let Some(header) = entry_at(len, lap, end.pos, end.next_seq, true, &read, &mut payload) {
         visit(end.pos, &header, &payload);
         end.pos += header.footprint();
         end.next_seq += 1;
@@ -678,17 +713,18 @@ pub fn scan_log_with(
 }
 
 /// Tells a torn end of the log from damage: looks past `end` (where
-/// [`scan_log_with`] stopped) for any valid entry of the same lap, that is
-/// with a sequence at or after `first_seq`. Outside the lap being walked
-/// the log holds only entries of earlier laps (lower sequences) and
-/// zeros: Kfs starts each lap at the log's beginning with a sequence above
-/// all earlier ones, and clears what lies past the end before it writes
-/// after a crash. So a valid entry found here was acknowledged after the
+/// [`scan_log_with`] stopped) for any valid entry of the same lap (its
+/// checksum keyed by the lap, its sequence after `end`'s). Past the lap's
+/// valid entries the area holds only bytes of earlier laps, which fail a
+/// later lap's checksums, torn leftovers, and zeros: each entry is durable
+/// before the next is stored, and recovery invalidates the entries of a
+/// retirement's batch left without its end before it writes over them.
+/// So a valid entry of the lap found here was acknowledged after the
 /// entry at `end`, which therefore was damaged after it became durable.
 /// Reads the rest of the area once, header by header.
 pub fn find_damage(
     len: u64,
-    first_seq: u64,
+    lap: &Lap,
     end: &LogEnd,
     read: impl Fn(u64, &mut [u8]) -> bool,
 ) -> Option<LogDamage> {
@@ -696,7 +732,7 @@ pub fn find_damage(
     let mut at = end.pos + LOG_ENTRY_ALIGN;
     let mut found = 0;
     while at + LOG_ENTRY_HEADER_SIZE as u64 <= len {
-        match entry_at(len, at, first_seq, false, &read, &mut payload) {
+        match entry_at(len, lap, at, end.next_seq, false, &read, &mut payload) {
             Some(h) => {
                 found += 1;
                 at += h.footprint();

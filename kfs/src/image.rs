@@ -118,7 +118,7 @@ fn format(region: &Region, path: &Path, geometry: Geometry) -> Result<Superblock
     let mut pages = Pages::new(&geometry, [], []).map_err(unusable)?;
     let mut batch = BatchWriter::new();
     let reserve = |p: u64| region.reserve(p * PAGE_SIZE, PAGE_SIZE).is_ok();
-    crate::store::retire(&mut ns, &mut pages, &mut batch, &reserve)
+    crate::store::retire(&mut ns, &mut pages, &mut batch, &reserve, u64::MAX)
         .map_err(|e| unusable(format!("writing the root directory failed: {e}")))?;
     crate::volume::apply_batch(region, &geometry, batch.bytes()).map_err(unusable)?;
     let superblock = Superblock {
@@ -348,7 +348,7 @@ pub fn inspect(path: &Path) -> Result<ImageReport> {
     let (mut log_entries, mut log_bytes) = (0u64, 0u64);
     scan_log_with(
         g.log.len(),
-        sb.log_seq,
+        &kucofs_common::format::Lap::of(&sb),
         |at, buf| view.read(g.log.offset() + at, buf).is_ok(),
         |at, h, _| {
             log_entries += 1;

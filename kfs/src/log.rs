@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kucofs_common::format::{
-    Area, LogEntryHeader, LOG_ENTRY_ALIGN, LOG_ENTRY_HEADER_SIZE, LOG_PAYLOAD_MAX,
+    Area, Lap, LogEntryHeader, LOG_ENTRY_ALIGN, LOG_ENTRY_HEADER_SIZE, LOG_PAYLOAD_MAX,
 };
 use kucofs_common::pm::Region;
 use kucofs_common::Errno;
@@ -26,6 +26,10 @@ use crate::record::{op, Record};
 #[derive(Debug)]
 pub struct Log {
     area: Area,
+    /// The image's uuid, which keys every lap's checksums.
+    uuid: [u8; 16],
+    /// The lap being written.
+    lap: Lap,
     /// Byte offset of the next entry within the area.
     pos: u64,
     /// Sequence number of the next entry.
@@ -46,11 +50,21 @@ pub struct Log {
 const PREFAULT_STEP: u64 = 2 << 20;
 
 impl Log {
-    /// The log positioned after `entries` valid entries ending at `pos`,
-    /// the next of which gets sequence `next_seq`.
-    pub fn new(area: Area, pos: u64, next_seq: u64, entries: u64) -> Log {
+    /// The log of the image with `uuid`, in the lap that began at
+    /// `first_seq`, positioned after `entries` valid entries ending at
+    /// `pos`, the next of which gets sequence `next_seq`.
+    pub fn new(
+        area: Area,
+        uuid: [u8; 16],
+        first_seq: u64,
+        pos: u64,
+        next_seq: u64,
+        entries: u64,
+    ) -> Log {
         Log {
             area,
+            uuid,
+            lap: Lap::new(&uuid, first_seq),
             pos,
             next_seq,
             entries,
@@ -103,8 +117,13 @@ impl Log {
         let header = rec
             .encode(&mut self.buf)
             .and_then(|()| {
-                LogEntryHeader::new(self.next_seq, rec.op(), &self.buf[LOG_ENTRY_HEADER_SIZE..])
-                    .ok_or(Errno::ENAMETOOLONG)
+                LogEntryHeader::new(
+                    &self.lap,
+                    self.next_seq,
+                    rec.op(),
+                    &self.buf[LOG_ENTRY_HEADER_SIZE..],
+                )
+                .ok_or(Errno::ENAMETOOLONG)
             })
             // Nothing half-encoded is left for an append.
             .inspect_err(|_| self.buf.clear())?;
@@ -114,12 +133,16 @@ impl Log {
         Ok(())
     }
 
-    /// Encodes `rec` as the next entry; `Ok(false)` if it does not fit
-    /// (the caller checkpoints, restarting the log, and encodes again).
-    /// `ENAMETOOLONG` for a record too long for any entry.
-    pub fn prepare(&mut self, rec: &Record) -> Result<bool, Errno> {
+    /// Encodes `rec` as the next entry; `Ok(false)` if the log could not
+    /// take it and then a batch of `batch` bytes (the caller retires the
+    /// log, restarting it, and encodes again). `ENAMETOOLONG` for a record
+    /// too long for any entry.
+    pub fn prepare(&mut self, rec: &Record, batch: u64) -> Result<bool, Errno> {
         self.encode(rec)?;
-        Ok(self.pos + self.buf.len() as u64 <= self.area.len())
+        let len = self.buf.len() as u64;
+        let after = self.pos + len;
+        let chunks = batch / LOG_PAYLOAD_MAX as u64 + 1;
+        Ok(after.saturating_add(Log::footprint(batch, chunks)) <= self.area.len())
     }
 
     /// Appends the entry [`prepare`](Self::prepare) encoded, after a fence:
@@ -197,6 +220,15 @@ impl Log {
         Ok(())
     }
 
+    /// The largest batch payload the log can still take.
+    pub fn batch_room(&self) -> u64 {
+        let free = self.area.len() - self.pos;
+        let overhead = (free / LOG_PAYLOAD_MAX as u64 + 1)
+            * (LOG_ENTRY_HEADER_SIZE as u64 + LOG_ENTRY_ALIGN)
+            + LOG_ENTRY_ALIGN;
+        free.saturating_sub(overhead)
+    }
+
     /// Bytes a batch of `len` payload bytes in `chunks` entries takes in
     /// the log, with the headers, padding and the end entry.
     pub fn footprint(len: u64, chunks: u64) -> u64 {
@@ -205,7 +237,8 @@ impl Log {
 
     fn append_raw(&mut self, region: &Region, op: u16, payload: &[u8]) -> Result<(), Errno> {
         self.buf.clear();
-        let header = LogEntryHeader::new(self.next_seq, op, payload).ok_or(Errno::EINVAL)?;
+        let header =
+            LogEntryHeader::new(&self.lap, self.next_seq, op, payload).ok_or(Errno::EINVAL)?;
         self.buf.extend_from_slice(&header.encode());
         self.buf.extend_from_slice(payload);
         self.buf.resize(header.footprint() as usize, 0);
@@ -224,14 +257,17 @@ impl Log {
         if stale.is_empty() {
             return Ok(());
         }
-        for &at in stale {
+        // Last to first, each durable before the next: at any crash the
+        // batch's valid entries are still a run from its start (a batch
+        // without its end, again), never a gap followed by valid ones.
+        for &at in stale.iter().rev() {
             let line = self.area.offset() + at;
             region
                 .fill(line, LOG_ENTRY_ALIGN, 0)
                 .and_then(|()| region.flush(line, LOG_ENTRY_ALIGN))
                 .map_err(|_| Errno::EIO)?;
+            region.fence();
         }
-        region.fence();
         Ok(())
     }
 
@@ -241,6 +277,7 @@ impl Log {
     /// `next_seq` stops at them. The pages written so far stay allocated,
     /// so `prefaulted` stays where it is.
     pub fn restart(&mut self) {
+        self.lap = Lap::new(&self.uuid, self.next_seq);
         self.pos = 0;
         self.published.store(0, Ordering::Relaxed);
         self.entries = 0;

@@ -67,8 +67,6 @@ pub struct Pages {
     used: u64,
     /// Pages the metadata store holds (in state `META`).
     meta: u64,
-    /// Free pages that grants leave: promised to the metadata store.
-    kept: u64,
     /// Replaced pages: (epoch, page), freed once no reader is older.
     waiting: VecDeque<(u64, u64)>,
     /// One past the highest page ever granted, for the Kfs thread's
@@ -137,7 +135,6 @@ impl Pages {
             state,
             used,
             meta,
-            kept: 0,
             waiting: VecDeque::new(),
             high: Arc::new(AtomicU64::new(first)),
         };
@@ -190,17 +187,6 @@ impl Pages {
         self.meta
     }
 
-    /// Sets how many free pages grants leave (those promised to the
-    /// metadata store).
-    pub fn keep(&mut self, n: u64) {
-        self.kept = n;
-    }
-
-    /// Pages a grant may take: the free ones less those kept.
-    pub fn grantable(&self) -> u64 {
-        self.free.count().saturating_sub(self.kept)
-    }
-
     /// Takes the lowest free page for the metadata store.
     pub fn take_meta(&mut self) -> Option<u64> {
         let i = self.free.lowest()?;
@@ -208,7 +194,6 @@ impl Pages {
         let p = self.first + i;
         self.set(p, META);
         self.meta += 1;
-        self.kept = self.kept.saturating_sub(1);
         Some(p)
     }
 
@@ -273,10 +258,7 @@ impl Pages {
     /// free pages are.
     pub fn grant(&mut self, h: Holder, want: u64, long: bool) -> Result<(u64, u64), Errno> {
         let mark = h.state().ok_or(Errno::EINVAL)?;
-        let want = want.max(1).min(self.grantable());
-        if want == 0 {
-            return Err(Errno::ENOSPC);
-        }
+        let want = want.max(1);
         let i = long
             .then(|| self.free.lowest_long())
             .flatten()
@@ -550,7 +532,7 @@ mod tests {
     }
 
     #[test]
-    fn store_pages_come_lowest_first_and_grants_leave_those_promised() {
+    fn store_pages_come_lowest_first_from_the_free_pages() {
         let g = geometry();
         let mut p = Pages::new(&g, [], []).unwrap();
         let total = p.free_pages();
@@ -562,17 +544,15 @@ mod tests {
         // A page that is not the store's is not given back as one.
         p.release_meta(g.data.start + 5);
         assert_eq!(p.free_pages(), total - 1);
-        // With two pages promised, grants take every free page but two.
-        p.keep(2);
+        // Grants take every free page, and the store none after them.
         let mut granted = 0;
-        while p.grantable() > 0 {
-            granted += p.grant(A, 4096, false).unwrap().1;
+        while p.free_pages() > 2 {
+            granted += p.grant(A, p.free_pages() - 2, false).unwrap().1;
         }
         assert_eq!(granted, total - 1 - 2);
-        assert_eq!(p.grant(A, 8, false), Err(Errno::ENOSPC));
-        assert_eq!(p.free_pages(), 2);
         assert!(p.take_meta().is_some() && p.take_meta().is_some());
         assert_eq!(p.take_meta(), None);
+        assert_eq!(p.grant(A, 1, false), Err(Errno::ENOSPC));
     }
 
     #[test]

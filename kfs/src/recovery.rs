@@ -22,7 +22,9 @@
 use std::collections::HashMap;
 
 use kucofs_common::format::meta::{batch_writes, BatchWrite};
-use kucofs_common::format::{find_damage, scan_log_with, Geometry, LogEnd, Superblock, PAGE_SIZE};
+use kucofs_common::format::{
+    find_damage, scan_log_with, Geometry, Lap, LogEnd, Superblock, PAGE_SIZE,
+};
 
 use crate::namespace::Namespace;
 use crate::record::{op, Record};
@@ -69,7 +71,8 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
     let mut open: Option<(u64, u64, Vec<u8>)> = None;
     let mut batch_entries = Vec::new();
     let mut fault = None;
-    let end = scan_log_with(g.log.len(), sb.log_seq, area, |at, h, payload| {
+    let lap = Lap::of(sb);
+    let end = scan_log_with(g.log.len(), &lap, area, |at, h, payload| {
         if fault.is_some() {
             return;
         }
@@ -111,7 +114,7 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
         return Err(f);
     }
     if !sb.clean {
-        if let Some(d) = find_damage(g.log.len(), sb.log_seq, &end, area) {
+        if let Some(d) = find_damage(g.log.len(), &lap, &end, area) {
             return Err(d.to_string());
         }
     }

@@ -11,18 +11,19 @@
 //! the index holds them now. Its work is proportional to what changed
 //! since the last one, whatever the number of files.
 //!
-//! Store pages are allocated at retirements only, never while a change is
-//! applied: a change made while recovery replays the log must not take a
-//! page a later entry of the log names as file data. So that a retirement
-//! always finds the pages it needs, a change that will need one *promises*
-//! it, within the budget of free pages the volume gives, and is refused
-//! with `ENOSPC` when the budget is spent; grants leave the promised pages
-//! free.
+//! A change that will need a store page *promises* one, and is refused
+//! with `ENOSPC` unless the store holds a page for it in its **stock**:
+//! free pages the volume takes for the store before each change (and
+//! gives their memory, on a sparse image), so that a retirement never
+//! lacks a page, and a full file system refuses the change that needs one,
+//! not a retirement. While recovery replays the log there is no stock: a
+//! replayed change must not take a page a later entry of the log names as
+//! file data; the retirement after the replay takes what it needs.
 
 use kucofs_common::format::meta::{
-    cells_for, encode_entry, inode_slot, slots_per_page, BatchWriter, EntryRecord, InodeRecord,
-    Owner, CELL, INLINE_TARGET, INODES_PER_PAGE, INODE_RECORD, MAX_CELLS, OWNER_FILE_PAGE_MAX,
-    OWNER_INO_MAX,
+    cells_for, encode_entry, inode_slot, slots_per_page, BatchWriter, InodeRecord, Owner,
+    BATCH_WRITE_HEAD, CELL, INLINE_TARGET, INODES_PER_PAGE, INODE_RECORD, MAX_CELLS,
+    OWNER_FILE_PAGE_MAX, OWNER_INO_MAX,
 };
 use kucofs_common::format::{Area, Geometry, OWNERS_PER_PAGE, OWNER_SIZE, PAGE_SIZE};
 use kucofs_common::index::layout::{D_DIR, D_INO, D_SHAPE, D_SLOT, TAG_DIRENT};
@@ -33,12 +34,19 @@ use crate::intmap::IntMap;
 use crate::namespace::Namespace;
 use crate::pages::Pages;
 
+mod load;
+
+pub use load::{held_pages, load, owner_of, Loaded};
+
 /// `itable` value of a table index whose page is promised, not yet taken.
 const PENDING: u64 = u64::MAX;
 
-/// An owner-table page with more changed entries than this is written
-/// whole; one with fewer, a run at a time.
-const OWNER_RUNS_MAX: usize = 16;
+/// Store pages the stock keeps beyond those promised: the most one change
+/// may promise (an inode page, an entry page, a target page).
+pub const STOCK_AHEAD: u64 = 3;
+
+/// Bytes a batch write costs beyond its data (its header).
+const WRITE: u64 = BATCH_WRITE_HEAD as u64;
 
 /// Where a directory entry's record lies: its page and slot, as the
 /// index's entries carry it ([`D_SLOT`]).
@@ -76,8 +84,6 @@ struct Class {
     /// Slots free for new entries: free slots in the pages, plus those of
     /// pages promised, less the entries made and not yet given one.
     avail: u64,
-    /// Pages promised to this class and not yet taken.
-    pending: u64,
 }
 
 impl Class {
@@ -122,15 +128,15 @@ impl Class {
 /// What one retirement wrote and changed.
 #[derive(Debug, Default, Clone)]
 pub struct Retirement {
-    /// Pages it took for the store (to be made read-only in every view).
+    /// Pages it made store pages (to be made read-only in every view).
     pub taken: Vec<u64>,
-    /// Records written: inodes, entries, targets, owner entries.
+    /// Inode records written or cleared.
     pub inodes: u64,
-    #[allow(missing_docs)]
+    /// Entry records written.
     pub entries: u64,
-    #[allow(missing_docs)]
+    /// Entry records cleared.
     pub cleared: u64,
-    #[allow(missing_docs)]
+    /// Owner entries written.
     pub owners: u64,
 }
 
@@ -169,6 +175,8 @@ pub struct Store {
     itable: Vec<u64>,
     /// Inodes of the index in each table index's range.
     ilive: Vec<u8>,
+    /// Free inode slots in the pages of `itable` (promised ones included).
+    inode_slots: u64,
     dirty_inos: Vec<u64>,
     dirty_ino_bits: Vec<u64>,
     classes: Vec<Class>,
@@ -181,16 +189,15 @@ pub struct Store {
     freed_slots: Vec<u64>,
     /// Symlinks whose target has a page: ino -> page (0: promised).
     targets: IntMap<u64, u64>,
-    /// Entries of `targets` still promised (page 0).
-    targets_promised: u64,
-    /// Pages promised and not yet taken.
+    /// Pages promised since the last retirement.
     promised: u64,
-    /// Pages that may still be promised.
-    budget: u64,
-    /// Pages the last retirement gave up, free once it is durable.
+    /// Free pages taken for the store and not used yet.
+    stock: Vec<u64>,
+    /// Pages given up, free once a retirement has cleared their owner
+    /// entries durably.
     released: Vec<u64>,
-    /// Bytes of records the notes since the last retirement call for, as
-    /// an upper bound (to retire before the log cannot hold them).
+    /// An upper bound on the bytes of the batch a retirement now would
+    /// write (so that it is made before the log cannot hold it).
     pending_bytes: u64,
 }
 
@@ -230,15 +237,36 @@ impl Store {
         self.enabled
     }
 
-    /// Sets the pages that may still be promised: the free pages less
-    /// those already promised (the volume calls this before each change).
-    pub fn set_budget(&mut self, free_pages: u64) {
-        self.budget = free_pages;
-    }
-
-    /// Pages promised to the store and not yet taken: grants leave them.
+    /// Pages promised since the last retirement.
     pub fn promised(&self) -> u64 {
         self.promised
+    }
+
+    /// Store pages to take now so that the stock covers what is promised
+    /// and what one more change may promise.
+    pub fn stock_wanted(&self) -> u64 {
+        if !self.enabled {
+            return 0;
+        }
+        (self.promised + STOCK_AHEAD).saturating_sub(self.stock.len() as u64)
+    }
+
+    /// Adds page `p`, just taken from the free pages, to the stock.
+    pub fn add_stock(&mut self, p: u64) {
+        self.stock.push(p);
+    }
+
+    /// Pages in the stock, used or not.
+    pub fn stock(&self) -> u64 {
+        self.stock.len() as u64
+    }
+
+    /// Takes back the stock's pages that nothing has promised, for a
+    /// grant that finds no free page: file data may use the last pages,
+    /// and then a change that needs a store page is refused.
+    pub fn spare_stock(&mut self) -> Vec<u64> {
+        let keep = (self.promised as usize).min(self.stock.len());
+        self.stock.split_off(keep)
     }
 
     /// An upper bound on the bytes of the batch a retirement now would
@@ -255,7 +283,8 @@ impl Store {
             && self.freed_slots.is_empty()
     }
 
-    /// Pages the store holds, by kind.
+    /// Pages the store holds, by kind (a walk of the inode table: for
+    /// tools, not for every request).
     pub fn usage(&self) -> StoreUse {
         StoreUse {
             inode_pages: self
@@ -268,28 +297,21 @@ impl Store {
         }
     }
 
-    /// Files the store can still take, as far as the free pages allow:
-    /// each costs an inode record and a short-named entry record, and the
-    /// count is of the bytes free for them, in free pages and in free
+    /// Files the store can still take, as far as `free_pages` (free data
+    /// pages, not counting the stock) allow: each costs an inode record
+    /// and a short-named entry record, and the count is of the bytes free
+    /// for them, in free pages, the stock's unpromised pages, and free
     /// slots of the store's pages, so that it falls by one with each file
     /// made whatever pages that takes, and rises with each one removed.
     pub fn files_free(&self, free_pages: u64, inodes: u64, max_inodes: u64) -> u64 {
-        let inode_slots: u64 = self
-            .itable
-            .iter()
-            .zip(&self.ilive)
-            .filter(|(&p, _)| p != 0)
-            .map(|(_, &n)| INODES_PER_PAGE - u64::from(n))
-            .sum();
         let entry_bytes: u64 = self
             .classes
             .iter()
             .map(|c| c.avail * (CELL as u64) * u64::from(c.cells))
             .sum::<u64>()
             + self.freed_slots.len() as u64 * CELL as u64;
-        let bytes = free_pages.saturating_sub(self.promised) * PAGE_SIZE
-            + inode_slots * INODE_RECORD as u64
-            + entry_bytes;
+        let pages = (free_pages + self.stock.len() as u64).saturating_sub(self.promised);
+        let bytes = pages * PAGE_SIZE + self.inode_slots * INODE_RECORD as u64 + entry_bytes;
         (bytes / (INODE_RECORD + CELL) as u64).min(max_inodes.saturating_sub(inodes))
     }
 
@@ -310,41 +332,52 @@ impl Store {
         u64::from(self.enabled && self.itable.get(k).is_none_or(|&p| p == 0))
     }
 
-    /// `ENOSPC` unless the store can promise the pages a create of inode
-    /// `ino` named by `name_len` bytes, with a symlink target of
-    /// `target_len` bytes, needs.
+    /// `ENOSPC` unless the stock holds the pages a create of inode `ino`
+    /// named by `name_len` bytes, with a symlink target of `target_len`
+    /// bytes, needs.
     pub fn check_create(&self, ino: u64, name_len: usize, target_len: usize) -> Result<(), Errno> {
         let target = u64::from(self.enabled && target_len > INLINE_TARGET);
         self.check(self.inode_needs(ino) + self.entry_needs(name_len) + target)
     }
 
-    /// `ENOSPC` unless the store can promise what a new entry named by
+    /// `ENOSPC` unless the stock holds what a new entry named by
     /// `name_len` bytes needs.
     pub fn check_entry(&self, name_len: usize) -> Result<(), Errno> {
         self.check(self.entry_needs(name_len))
     }
 
     fn check(&self, pages: u64) -> Result<(), Errno> {
-        if self.loading || pages == 0 || self.promised + pages <= self.budget {
+        if pages == 0 || self.promised + pages <= self.stock.len() as u64 {
             Ok(())
         } else {
             Err(Errno::ENOSPC)
         }
     }
 
+    /// Promises `n` store pages: each costs the batch a cleared page and
+    /// an owner entry.
     fn promise(&mut self, n: u64) {
         self.promised += n;
-        self.pending_bytes += n * (PAGE_SIZE + 16);
+        self.pending_bytes += n * (2 * WRITE + OWNER_SIZE);
+    }
+
+    /// Free inode slots of table index `k`'s page, if it has one.
+    fn slots_of(&self, k: usize) -> u64 {
+        match self.itable.get(k) {
+            Some(&p) if p != 0 => INODES_PER_PAGE - u64::from(self.ilive[k]),
+            _ => 0,
+        }
     }
 
     // ---- hooks: what changes touch ---------------------------------------
 
-    /// Inode `ino`'s attributes changed (or it was made or dropped).
+    /// Inode `ino`'s attributes changed (or it was made or dropped): its
+    /// record, written or cleared.
     #[inline]
     pub fn inode_changed(&mut self, ino: u64) {
         if self.enabled && !self.loading && set_bit(&mut self.dirty_ino_bits, ino) {
             self.dirty_inos.push(ino);
-            self.pending_bytes += INODE_RECORD as u64 + 16;
+            self.pending_bytes += INODE_RECORD as u64 + WRITE;
         }
     }
 
@@ -358,19 +391,23 @@ impl Store {
             self.itable.resize(k + 1, 0);
             self.ilive.resize(k + 1, 0);
         }
-        self.ilive[k] += 1;
         if self.loading {
+            // Counted once the store is read (see `load`).
+            self.ilive[k] += 1;
             return;
         }
+        self.inode_slots -= self.slots_of(k);
+        self.ilive[k] += 1;
         if self.itable[k] == 0 {
             self.itable[k] = PENDING;
             self.promise(1);
         }
+        self.inode_slots += self.slots_of(k);
         if target_len > INLINE_TARGET {
+            // Written once, when its page is taken: targets never change.
             self.targets.insert(ino, 0);
-            self.targets_promised += 1;
             self.promise(1);
-            self.pending_bytes += target_len as u64;
+            self.pending_bytes += target_len as u64 + WRITE;
         }
         self.inode_changed(ino);
     }
@@ -381,15 +418,14 @@ impl Store {
             return;
         }
         let k = (ino / INODES_PER_PAGE) as usize;
-        if let Some(n) = self.ilive.get_mut(k) {
-            *n = n.saturating_sub(1);
+        if k < self.ilive.len() {
+            self.inode_slots -= self.slots_of(k);
+            self.ilive[k] = self.ilive[k].saturating_sub(1);
+            self.inode_slots += self.slots_of(k);
         }
         match self.targets.remove(&ino) {
-            // Promised, never taken.
-            Some(0) => {
-                self.promised -= 1;
-                self.targets_promised -= 1;
-            }
+            // Promised, never taken: the promise goes with it.
+            Some(0) => self.promised = self.promised.saturating_sub(1),
             Some(p) => self.release(p),
             None => {}
         }
@@ -406,12 +442,11 @@ impl Store {
         if self.classes[ci].avail == 0 {
             let per = self.classes[ci].per_page();
             self.classes[ci].avail += per;
-            self.classes[ci].pending += 1;
             self.promise(1);
         }
         self.classes[ci].avail -= 1;
         self.new_entries.push(node);
-        self.pending_bytes += (CELL * usize::from(cells_for(name_len))) as u64 + 16;
+        self.pending_bytes += (CELL * usize::from(cells_for(name_len))) as u64 + WRITE;
     }
 
     /// The index entry whose store slot is `slot` (0 if it had none yet),
@@ -426,7 +461,7 @@ impl Store {
             self.classes[usize::from(cells_for(name_len)) - 1].avail += 1;
         } else {
             self.freed_slots.push(slot);
-            self.pending_bytes += 16;
+            self.pending_bytes += WRITE;
         }
     }
 
@@ -462,7 +497,9 @@ impl Store {
         self.owners[i as usize] = o;
         if !self.loading && set_bit(&mut self.dirty_page_bits, i) {
             self.dirty_pages.push(i);
-            self.pending_bytes += OWNER_SIZE + 12;
+            // A run of its own at most (a whole owner page is written only
+            // where that is less).
+            self.pending_bytes += OWNER_SIZE + WRITE;
         }
     }
 
@@ -473,11 +510,18 @@ impl Store {
         self.released.push(p);
     }
 
-    /// Makes page `p`, just taken, a store page of `owner`'s, cleared by
-    /// the batch before anything is written into it.
+    /// Makes page `p` a store page of `owner`'s, cleared by the batch
+    /// before anything is written into it.
     fn use_page(&mut self, p: u64, owner: Owner, batch: &mut BatchWriter) {
         batch.zero(p * PAGE_SIZE, PAGE_SIZE as u32);
         self.set_owner(p, owner.encode().unwrap_or(0));
+    }
+
+    /// Sets data page `p`'s owner entry as read from the image.
+    fn load_owner(&mut self, p: u64, o: Owner) {
+        if let Some(data) = self.data {
+            self.owners[(p - data.start) as usize] = o.encode().unwrap_or(0);
+        }
     }
 
     /// The owner entry the store should hold for data page `p`.
@@ -515,19 +559,11 @@ impl Store {
             c.list(idx);
         }
     }
-
-    // ---- loading -------------------------------------------------------------
-
-    fn load_owner(&mut self, p: u64, o: Owner) {
-        if let Some(data) = self.data {
-            self.owners[(p - data.start) as usize] = o.encode().unwrap_or(0);
-        }
-    }
 }
 
 /// The record of inode `inode` (at that index offset) as the index holds
-/// it, with its target page.
-fn inode_record(ns: &Namespace, inode: u64, target_page: u64) -> Option<(InodeRecord, Vec<u8>)> {
+/// it, its target in a page of its own being at `target_page`.
+fn inode_record(ns: &Namespace, inode: u64, target_page: u64) -> Option<InodeRecord> {
     let r = ns.reader();
     let a = r.attr(inode)?;
     let mut rec = InodeRecord {
@@ -543,43 +579,46 @@ fn inode_record(ns: &Namespace, inode: u64, target_page: u64) -> Option<(InodeRe
         btime: a.btime,
         ..InodeRecord::default()
     };
-    let mut target = Vec::new();
     if a.kind() == Some(Kind::Symlink) {
-        target = r.readlink(inode).unwrap_or_default();
+        let target = r.readlink(inode).unwrap_or_default();
         rec.target_len = target.len() as u16;
         if target.len() > INLINE_TARGET {
             rec.target_page = target_page;
             rec.target_crc = kucofs_common::checksum::crc32c(&target);
         } else {
             rec.inline[..target.len()].copy_from_slice(&target);
-            target.clear();
         }
     }
-    Some((rec, target))
+    Some(rec)
 }
 
 /// Writes into `batch` every record the changes since the last retirement
-/// touched, taking the store pages they need from `pages`, and notes the
-/// new entries' slots in the index. The caller logs the batch, applies it,
-/// and then calls [`retired`]. The writes come in an order in which each
-/// range is written after anything it overlaps: new pages are cleared
-/// before records go into them, and an entry slot freed now is reused only
-/// by a later retirement.
+/// touched, taking the store pages they need from the stock (or from
+/// `pages` after a replay, calling `reserve` on each, for an image file
+/// whose pages take memory only when asked), and notes the new entries'
+/// slots in the index. The caller logs the batch, applies it, and then
+/// calls [`retired`]. The writes come in an order in which each range is
+/// written after anything it overlaps: new pages are cleared before
+/// records go into them, and an entry slot freed now is reused only by a
+/// later retirement.
 ///
-/// Every page it needs was promised, so `pages` has them free. It takes
-/// them before it changes anything, calling `reserve` on each (an image
-/// file whose pages take memory only when asked); if a page is missing or
-/// `reserve` fails, it gives them back, nothing changes, and the error is
-/// `ENOSPC`: the log stays as it is, to be retired once there is room.
+/// Nothing changes, and the error is `ENOSPC`, if the batch could be
+/// larger than `room` bytes (what the log can still take), or a page it
+/// needs cannot be had: the notes stay, for a retirement once there is
+/// room. Past those checks it cannot fail.
 pub fn retire(
     ns: &mut Namespace,
     pages: &mut Pages,
     batch: &mut BatchWriter,
     reserve: &dyn Fn(u64) -> bool,
+    room: u64,
 ) -> Result<Retirement, Errno> {
     let mut out = Retirement::default();
     if !ns.store().enabled {
         return Ok(out);
+    }
+    if ns.store().pending_bytes > room {
+        return Err(Errno::ENOSPC);
     }
     // The entries to write: made since, still in the index, with no slot.
     // An item removed and reused for a newer entry since is listed twice
@@ -598,6 +637,8 @@ pub fn retire(
             })
             .collect()
     };
+    // The pages it will take: every one was promised, so after a change
+    // the stock holds them; after a replay they come from `pages`.
     let needed = {
         let st = ns.store();
         let r = ns.reader();
@@ -622,28 +663,31 @@ pub fn retire(
             .map(|&ino| ino / INODES_PER_PAGE)
             .collect::<std::collections::BTreeSet<u64>>()
             .len() as u64;
-        let target_pages = st.targets_promised;
+        let target_pages = st
+            .dirty_inos
+            .iter()
+            .filter(|ino| st.targets.get(ino) == Some(&0))
+            .count() as u64;
         entry_pages + inode_pages + target_pages
     };
-    let mut stock = Vec::with_capacity(needed as usize);
-    while (stock.len() as u64) < needed {
+    let mut extra = Vec::new();
+    while (ns.store().stock.len() + extra.len()) < needed as usize {
         match pages.take_meta() {
-            Some(p) if reserve(p) => stock.push(p),
+            Some(p) if reserve(p) => extra.push(p),
             taken => {
-                stock.extend(taken);
-                for p in stock {
+                extra.extend(taken);
+                for p in extra {
                     pages.release_meta(p);
                 }
                 return Err(Errno::ENOSPC);
             }
         }
     }
-    // Lowest first.
-    stock.reverse();
     let mut st = std::mem::take(ns.store_mut());
-    let mut take = |st: &mut Store, owner: Owner, batch: &mut BatchWriter, out: &mut Retirement| {
-        // Counted above: there is one for every page used below.
-        let p = stock.pop().unwrap_or_default();
+    st.stock.extend(extra);
+    let take = |st: &mut Store, owner: Owner, batch: &mut BatchWriter, out: &mut Retirement| {
+        // Counted above: the stock holds one for every page used below.
+        let p = st.stock.pop().unwrap_or_default();
         st.use_page(p, owner, batch);
         out.taken.push(p);
         p
@@ -690,7 +734,6 @@ pub fn retire(
     st.new_entries.clear();
     // Every entry has its slot: what was promised for entries is settled.
     for c in &mut st.classes {
-        c.pending = 0;
         c.avail = c.free_slots;
     }
     // Inodes: their records as the index holds them, or cleared.
@@ -708,10 +751,13 @@ pub fn retire(
         if inode == 0 {
             // Gone. Its page goes too once the last inode in it has.
             match st.itable[k] {
-                // Promised for inodes all dropped before they were written.
-                PENDING if st.ilive[k] == 0 => st.itable[k] = 0,
+                PENDING | 0 if st.ilive[k] == 0 => {
+                    st.inode_slots -= st.slots_of(k);
+                    st.itable[k] = 0;
+                }
                 PENDING | 0 => {}
                 p if st.ilive[k] == 0 => {
+                    st.inode_slots -= st.slots_of(k);
                     st.release(p);
                     st.itable[k] = 0;
                 }
@@ -723,31 +769,32 @@ pub fn retire(
             continue;
         }
         if st.itable[k] == PENDING || st.itable[k] == 0 {
+            st.inode_slots -= st.slots_of(k);
             st.itable[k] = take(&mut st, Owner::Inodes { index: k as u64 }, batch, &mut out);
+            st.inode_slots += st.slots_of(k);
         }
         let target_page = match st.targets.get(&ino).copied() {
             Some(0) => {
+                // The target, written once with its page.
                 let p = take(&mut st, Owner::Target { ino }, batch, &mut out);
                 st.targets.insert(ino, p);
-                st.targets_promised -= 1;
+                let target = ns.reader().readlink(inode).unwrap_or_default();
+                batch.put(p * PAGE_SIZE, &target);
                 p
             }
             Some(p) => p,
             None => 0,
         };
-        let Some((record, target)) = inode_record(ns, inode, target_page) else {
+        let Some(record) = inode_record(ns, inode, target_page) else {
             continue;
         };
-        if !target.is_empty() {
-            batch.put(target_page * PAGE_SIZE, &target);
-        }
         batch.put(st.itable[k] * PAGE_SIZE + at, &record.encode());
         out.inodes += 1;
     }
     dirty.clear();
     st.dirty_inos = dirty;
-    // Owner entries, in page order: runs within an owner page, or the
-    // whole page where many changed.
+    // Owner entries, in page order: the runs within an owner page, or the
+    // whole page where that is less.
     let mut dirty = std::mem::take(&mut st.dirty_pages);
     dirty.sort_unstable();
     let mut i = 0;
@@ -759,7 +806,7 @@ pub fn retire(
         }
         let first = group * OWNERS_PER_PAGE;
         let end = (first + OWNERS_PER_PAGE).min(st.owners.len() as u64);
-        let runs = dirty[i..j].windows(2).filter(|w| w[1] != w[0] + 1).count() + 1;
+        let runs = dirty[i..j].windows(2).filter(|w| w[1] != w[0] + 1).count() as u64 + 1;
         let mut put = |from: u64, to: u64| {
             let buf = batch.put_with(
                 st.owners_at + from * OWNER_SIZE,
@@ -769,7 +816,7 @@ pub fn retire(
                 buf.extend_from_slice(&o.to_le_bytes());
             }
         };
-        if runs > OWNER_RUNS_MAX {
+        if runs * WRITE + (j - i) as u64 * OWNER_SIZE > WRITE + (end - first) * OWNER_SIZE {
             put(first, end);
         } else {
             let mut a = i;
@@ -794,14 +841,14 @@ pub fn retire(
     st.promised = 0;
     st.pending_bytes = 0;
     *ns.store_mut() = st;
+    debug_assert!(batch.bytes().len() as u64 <= room);
     Ok(out)
 }
 
 /// After a retirement's batch is durable and in place: the slots it freed
 /// take new entries, entry pages left empty go (when the class keeps a
-/// page's worth of free slots besides), and the pages given up by earlier
-/// retirements whose owner entries are now cleared in the store go back
-/// to `pages`.
+/// page's worth of free slots besides), and the pages given up earlier
+/// whose cleared owner entries are now in the store go back to `pages`.
 pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
     let st = ns.store_mut();
     if !st.enabled {
@@ -840,372 +887,24 @@ pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
         st.entry_pages.remove(&gone);
         st.release(gone);
     }
-    // Given-up pages whose cleared owner entries are in the store now.
+    // Given-up pages whose cleared owner entries are in the store now (and
+    // that the store has not taken again).
     let data = st.data;
     let dirty = &st.dirty_page_bits;
+    let owners = &st.owners;
     let (ready, later): (Vec<u64>, Vec<u64>) = st.released.drain(..).partition(|&p| {
         data.is_some_and(|d| {
             let i = p - d.start;
-            dirty
-                .get((i / 64) as usize)
-                .is_none_or(|w| w & (1 << (i % 64)) == 0)
+            owners[i as usize] == 0
+                && dirty
+                    .get((i / 64) as usize)
+                    .is_none_or(|w| w & (1 << (i % 64)) == 0)
         })
     });
     st.released = later;
     for p in ready {
         pages.release_meta(p);
     }
-}
-
-/// What [`load`] read.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Loaded {
-    /// Inode records.
-    pub inodes: u64,
-    /// Entry records.
-    pub entries: u64,
-    /// File data pages.
-    pub file_pages: u64,
-    /// Store pages.
-    pub store: StoreUse,
-    /// Files without a name (open when the file system went down), dropped.
-    pub orphans: u64,
-}
-
-/// Builds the namespace the store of an image of geometry `g` holds,
-/// reading image bytes through `read`. Every record is checked; the first
-/// that fails makes the error.
-pub fn load(
-    g: &Geometry,
-    read: &dyn Fn(u64, &mut [u8]) -> bool,
-) -> Result<(Namespace, Loaded), String> {
-    let mut ns = Namespace::new(kucofs_common::proto::Creds::default(), 0)
-        .map_err(|e| format!("index: {e}"))?;
-    let mut st = Store::new(g);
-    st.loading = true;
-    let mut loaded = Loaded::default();
-    let mut table = vec![0u8; g.owners.len() as usize];
-    if !read(g.owners.offset(), &mut table) {
-        return Err("the owner table is outside the image".into());
-    }
-    let mut files: Vec<(u64, u64, u64)> = Vec::new();
-    let mut entry_pages: Vec<(u64, u8)> = Vec::new();
-    let mut targets: IntMap<u64, u64> = IntMap::default();
-    for i in 0..g.data.pages {
-        let at = (i * OWNER_SIZE) as usize;
-        let v = u64::from_le_bytes(table[at..at + 8].try_into().expect("8 bytes"));
-        let p = g.data.start + i;
-        let o = Owner::decode(v).ok_or_else(|| {
-            format!("data page {p}: owner entry {v:#x} is not one the format allows")
-        })?;
-        match o {
-            Owner::Free => continue,
-            Owner::File { ino, page } => files.push((ino, page, p)),
-            Owner::Inodes { index } => {
-                let k = usize::try_from(index)
-                    .ok()
-                    .filter(|&k| k < 1 << 28)
-                    .ok_or_else(|| {
-                        format!("data page {p}: inode table index {index} is out of range")
-                    })?;
-                if k >= st.itable.len() {
-                    st.itable.resize(k + 1, 0);
-                    st.ilive.resize(k + 1, 0);
-                }
-                if st.itable[k] != 0 {
-                    return Err(format!(
-                        "data pages {} and {p} both hold inode table page {k}",
-                        st.itable[k]
-                    ));
-                }
-                st.itable[k] = p;
-                loaded.store.inode_pages += 1;
-            }
-            Owner::Entries { cells } => {
-                entry_pages.push((p, cells));
-                loaded.store.entry_pages += 1;
-            }
-            Owner::Target { ino } => {
-                if targets.insert(ino, p).is_some() {
-                    return Err(format!("two pages hold the target of inode {ino}"));
-                }
-                loaded.store.target_pages += 1;
-            }
-        }
-        st.load_owner(p, o);
-    }
-    drop(table);
-    *ns.store_mut() = st;
-    // Inodes, page by page.
-    let mut page = vec![0u8; PAGE_SIZE as usize];
-    let itable = ns.store().itable.clone();
-    let mut target = vec![0u8; PAGE_SIZE as usize];
-    let mut saw_root = false;
-    // Each loaded inode's place in the index and kind, by number, for the
-    // entries (a lookup in the index's table would miss the cache twice).
-    let mut by_ino: Vec<(u64, u8)> = vec![(0, 0); itable.len() * INODES_PER_PAGE as usize];
-    by_ino[crate::namespace::ROOT_INO as usize] = (ns.reader().root(), Kind::Dir.to_byte());
-    for (k, &p) in itable.iter().enumerate() {
-        if p == 0 {
-            continue;
-        }
-        if !read(p * PAGE_SIZE, &mut page) {
-            return Err(format!(
-                "inode page {k} (data page {p}) is outside the image"
-            ));
-        }
-        for s in 0..INODES_PER_PAGE {
-            let at = (s as usize) * INODE_RECORD;
-            let b: &[u8; INODE_RECORD] = page[at..at + INODE_RECORD].try_into().expect("record");
-            let ino = k as u64 * INODES_PER_PAGE + s;
-            let rec =
-                InodeRecord::decode(b).map_err(|e| format!("inode {ino} (data page {p}): {e}"))?;
-            let Some(rec) = rec else { continue };
-            if rec.ino != ino {
-                return Err(format!(
-                    "the record in inode {ino}'s slot names inode {}",
-                    rec.ino
-                ));
-            }
-            let t: &[u8] = match rec.inline_target() {
-                Some(t) => t,
-                None => {
-                    let tp = rec.target_page;
-                    let len = usize::from(rec.target_len);
-                    if targets.get(&ino) != Some(&tp) || len >= PAGE_SIZE as usize {
-                        return Err(format!(
-                            "inode {ino}: its target page {tp} is not one the owner table gives it"
-                        ));
-                    }
-                    if !read(tp * PAGE_SIZE, &mut target[..len]) {
-                        return Err(format!(
-                            "inode {ino}: target page {tp} is outside the image"
-                        ));
-                    }
-                    if kucofs_common::checksum::crc32c(&target[..len]) != rec.target_crc {
-                        return Err(format!(
-                            "inode {ino}: its target (data page {tp}): checksum mismatch"
-                        ));
-                    }
-                    ns.store_mut().targets.insert(ino, tp);
-                    &target[..len]
-                }
-            };
-            let kind = Kind::from_mode(rec.mode)
-                .ok_or_else(|| format!("inode {ino}: mode {:#o} is no known type", rec.mode))?;
-            if (kind == Kind::Symlink) != (rec.target_len > 0) {
-                return Err(format!(
-                    "inode {ino}: a target on a non-symlink or none on a symlink"
-                ));
-            }
-            let attr = kucofs_common::index::InodeAttr {
-                offset: 0,
-                gen: 0,
-                ino,
-                mode: rec.mode,
-                nlink: rec.nlink,
-                uid: rec.uid,
-                gid: rec.gid,
-                size: rec.size,
-                atime: rec.atime,
-                mtime: rec.mtime,
-                ctime: rec.ctime,
-                btime: rec.btime,
-                entries: 0,
-            };
-            if ino == crate::namespace::ROOT_INO {
-                if kind != Kind::Dir {
-                    return Err("the root is not a directory".into());
-                }
-                saw_root = true;
-            }
-            let inode = ns
-                .load_inode(&attr, t)
-                .map_err(|e| format!("inode {ino}: {e:?}"))?;
-            by_ino[ino as usize] = (inode, kind.to_byte());
-            loaded.inodes += 1;
-        }
-    }
-    if !saw_root {
-        return Err("the store holds no root directory".into());
-    }
-    // Inodes of the index per inode page (the root was made before the
-    // store was read, so the counts are taken from the index).
-    let live: Vec<u8> = {
-        let r = ns.reader();
-        (0..itable.len() as u64)
-            .map(|k| {
-                (0..INODES_PER_PAGE)
-                    .filter(|s| r.inode_by_ino(k * INODES_PER_PAGE + s) != 0)
-                    .count() as u8
-            })
-            .collect()
-    };
-    ns.store_mut().ilive = live;
-    if targets.len() != ns.store().targets.len() {
-        return Err("a target page belongs to no symlink".into());
-    }
-    // Entries, page by page, gathered by directory and key, then each
-    // directory built in one pass.
-    struct Found {
-        parent: u64,
-        hash: u64,
-        ino: u64,
-        slot: u64,
-        kind: u8,
-        name: (u32, u8),
-    }
-    let mut found: Vec<Found> = Vec::new();
-    let mut names: Vec<u8> = Vec::new();
-    for &(p, cells) in &entry_pages {
-        if !read(p * PAGE_SIZE, &mut page) {
-            return Err(format!("entry page {p} is outside the image"));
-        }
-        let mut used = 0u64;
-        let size = CELL * usize::from(cells);
-        for s in 0..slots_per_page(cells) {
-            let at = s as usize * size;
-            let rec = EntryRecord::decode(&page[at..at + size], cells)
-                .map_err(|e| format!("entry slot {s} of data page {p}: {e}"))?;
-            let Some(rec) = rec else { continue };
-            let at = u32::try_from(names.len()).map_err(|_| "too many names".to_string())?;
-            names.extend_from_slice(&rec.name);
-            found.push(Found {
-                parent: rec.parent,
-                hash: kucofs_common::index::name_hash(&rec.name),
-                ino: rec.ino,
-                slot: slot_id(p, s),
-                kind: rec.kind,
-                name: (at, rec.name.len() as u8),
-            });
-            used |= 1 << s;
-        }
-        ns.store_mut()
-            .add_entry_page(usize::from(cells) - 1, p, used);
-    }
-    let name_of = |f: &Found| &names[f.name.0 as usize..f.name.0 as usize + usize::from(f.name.1)];
-    found.sort_unstable_by(|a, b| {
-        (a.parent, a.hash)
-            .cmp(&(b.parent, b.hash))
-            .then_with(|| name_of(a).cmp(name_of(b)))
-    });
-    loaded.entries = found.len() as u64;
-    let mut batch = Vec::new();
-    for group in found.chunk_by(|a, b| a.parent == b.parent) {
-        let parent = group[0].parent;
-        batch.clear();
-        for f in group {
-            let (inode, kind) = usize::try_from(f.ino)
-                .ok()
-                .and_then(|i| by_ino.get(i))
-                .copied()
-                .unwrap_or_default();
-            let kind =
-                Kind::from_byte(kind).filter(|_| inode != 0 && f.ino != crate::namespace::ROOT_INO);
-            let Some(kind) = kind.filter(|k| k.to_byte() == f.kind) else {
-                return Err(format!(
-                    "entry {:?} in directory {parent} names inode {}, {}",
-                    String::from_utf8_lossy(name_of(f)),
-                    f.ino,
-                    if inode == 0 {
-                        "which does not exist"
-                    } else {
-                        "of another type, or the root"
-                    }
-                ));
-            };
-            batch.push(crate::namespace::LoadedEntry {
-                hash: f.hash,
-                name: name_of(f),
-                ino: f.ino,
-                inode,
-                kind,
-                slot: f.slot,
-            });
-        }
-        ns.load_dir(parent, &batch)
-            .map_err(|e| format!("the entries of directory {parent}: {e:?}"))?;
-    }
-    drop(batch);
-    drop(found);
-    for c in &mut ns.store_mut().classes {
-        c.avail = c.free_slots;
-    }
-    // File data, a run of consecutive pages at a time.
-    files.sort_unstable();
-    let mut i = 0;
-    while i < files.len() {
-        let (ino, first, p) = files[i];
-        let inode = ns.reader().inode_by_ino(ino);
-        let attr = ns
-            .reader()
-            .attr(inode)
-            .filter(|a| a.kind() == Some(Kind::File));
-        let Some(attr) = attr.filter(|_| inode != 0) else {
-            return Err(format!(
-                "data page {p} belongs to inode {ino}, which is no regular file"
-            ));
-        };
-        if first * PAGE_SIZE >= attr.size {
-            return Err(format!(
-                "data page {p} holds page {first} of inode {ino}, past its size {}",
-                attr.size
-            ));
-        }
-        let mut run = vec![p];
-        let mut j = i + 1;
-        while j < files.len()
-            && run.len() < 256
-            && files[j].0 == ino
-            && files[j].1 == first + run.len() as u64
-        {
-            run.push(files[j].2);
-            j += 1;
-        }
-        if j < files.len() && files[j].0 == ino && files[j].1 < first + run.len() as u64 {
-            return Err(format!(
-                "two data pages hold page {} of inode {ino}",
-                files[j].1
-            ));
-        }
-        ns.load_pages(inode, first, &run, &attr)
-            .map_err(|e| format!("pages of inode {ino}: {e:?}"))?;
-        loaded.file_pages += run.len() as u64;
-        i = j;
-    }
-    ns.store_mut().loading = false;
-    loaded.orphans = ns
-        .drop_orphans()
-        .map_err(|e| format!("dropping unnamed files: {e:?}"))?;
-    Ok((ns, loaded))
-}
-
-/// The data pages the files of `ns` hold, and those its store holds.
-pub fn held_pages(ns: &Namespace) -> (Vec<u64>, Vec<u64>) {
-    let st = ns.store();
-    let (mut files, mut store) = (Vec::new(), Vec::new());
-    let Some(data) = st.data else {
-        return (files, store);
-    };
-    for (i, &o) in st.owners.iter().enumerate() {
-        let p = data.start + i as u64;
-        match Owner::decode(o) {
-            Some(Owner::Free) | None => {}
-            Some(Owner::File { .. }) => files.push(p),
-            Some(_) => store.push(p),
-        }
-    }
-    (files, store)
-}
-
-/// The owner entry the store should hold for data page `p` (for fsck's
-/// cross-check).
-pub fn owner_of(ns: &Namespace, p: u64) -> Option<Owner> {
-    let st = ns.store();
-    let data = st.data?;
-    data.contains(p)
-        .then(|| Owner::decode(st.owners[(p - data.start) as usize]))
-        .flatten()
 }
 
 #[cfg(test)]

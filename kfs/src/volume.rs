@@ -137,6 +137,8 @@ impl Volume {
         let pages = Pages::new(&g, files, store_pages).map_err(failed)?;
         let mut log = Log::new(
             g.log,
+            sb.uuid,
+            sb.log_seq,
             scanned.head.pos,
             scanned.head.next_seq,
             scanned.head.entries,
@@ -285,9 +287,10 @@ impl Volume {
     }
 
     /// Data pages files and the metadata store hold, counting those
-    /// promised to the store.
+    /// promised to the store (and not those of its stock not promised).
     pub fn used_pages(&self) -> u64 {
-        self.pages.used_pages() + self.ns.store().promised()
+        let st = self.ns.store();
+        (self.pages.used_pages() + st.promised()).saturating_sub(st.stock())
     }
 
     /// Inodes the file system can still take, as far as its free pages
@@ -302,9 +305,7 @@ impl Volume {
     /// Handles one request: check it, log it, apply it, and make the log
     /// entry durable before returning the reply.
     pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
-        // What the store may promise: the free pages (grants leave those
-        // promised, below).
-        self.ns.store_mut().set_budget(self.pages.free_pages());
+        self.fill_stock();
         let r = match self.handle_data(req, caller) {
             Some(r) => r,
             None => self.handle_inner(req, caller.creds),
@@ -313,27 +314,56 @@ impl Volume {
         // durable now, before the reply (and before the volume's lock is
         // released, so the next change is logged after it).
         self.log.fence(self.image.region());
-        self.pages.keep(self.ns.store().promised());
         match r {
             Ok(r) => r,
             Err(e) => Reply::err(e),
         }
     }
 
+    /// Takes free pages into the store's stock until it holds every page
+    /// promised and what one more change may promise (see
+    /// [`crate::store`]): a change that needs a store page the stock
+    /// cannot give is refused with `ENOSPC`, before anything is logged.
+    /// On a sparse image each page is given its memory first.
+    fn fill_stock(&mut self) {
+        let region = self.image.region();
+        for _ in 0..self.ns.store().stock_wanted() {
+            match self.pages.take_meta() {
+                Some(p) if region.reserve(p * PAGE_SIZE, PAGE_SIZE).is_ok() => {
+                    self.ns.store_mut().add_stock(p)
+                }
+                Some(p) => {
+                    self.pages.release_meta(p);
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// The most store records one change can call for (bytes of batch):
+    /// one that drops a file holding every data page clears the whole
+    /// owner table.
+    fn change_bound(&self) -> u64 {
+        let g = self.image.superblock().geometry;
+        g.owners.len() + g.owners.pages * 12 + (64 << 10)
+    }
+
     /// Writes `rec` to the log (durable at the next [`Log::fence`], which
     /// [`Volume::handle`] makes before it replies), retiring the log first
-    /// if it does not fit. Index space for applying it is made to exist
-    /// first: once a change that allocates is logged, applying it cannot
-    /// run out of index space half-way. Changes that allocate nothing
-    /// (removals above all) need no room, so a full index can still be
-    /// emptied.
+    /// if the log could not then take the retirement's batch. Index space
+    /// for applying it is made to exist first: once a change that
+    /// allocates is logged, applying it cannot run out of index space
+    /// half-way. Changes that allocate nothing (removals above all) need
+    /// no room, so a full index can still be emptied.
     fn log_record(&mut self, rec: &Record<'_>) -> std::result::Result<(), Errno> {
         if rec.allocates() {
             self.ns.make_room()?;
         }
-        if !self.log.prepare(rec)? {
+        let batch = |v: &Volume| v.ns.store().pending_bytes() + v.change_bound();
+        if !self.log.prepare(rec, batch(self))? {
             self.checkpoint()?;
-            if !self.log.prepare(rec)? {
+            if !self.log.prepare(rec, batch(self))? {
                 return Err(Errno::ENOSPC);
             }
         }
@@ -345,8 +375,9 @@ impl Volume {
     fn maybe_checkpoint(&mut self) {
         let due = self.image.superblock().geometry.retire_bytes();
         if self.log.fill() + self.ns.store().pending_bytes() >= due {
-            // Best effort: a retirement that failed leaves the log to fill
-            // up, and the next change that does not fit tries again.
+            // Best effort: a retirement that fails changes nothing, and
+            // the next change tries again before the log could not take
+            // the retirement's batch.
             let _ = self.checkpoint();
         }
     }
@@ -382,7 +413,14 @@ impl Volume {
         self.log.fence(region);
         self.batch.clear();
         let reserve = |p: u64| region.reserve(p * PAGE_SIZE, PAGE_SIZE).is_ok();
-        let out = crate::store::retire(&mut self.ns, &mut self.pages, &mut self.batch, &reserve)?;
+        let room = self.log.batch_room();
+        let out = crate::store::retire(
+            &mut self.ns,
+            &mut self.pages,
+            &mut self.batch,
+            &reserve,
+            room,
+        )?;
         let g = self.image.superblock().geometry;
         if !self.batch.bytes().is_empty() {
             self.log.append_batch(region, self.batch.bytes())?;
@@ -393,7 +431,6 @@ impl Volume {
         self.image.update_superblock(next).map_err(|_| Errno::EIO)?;
         self.log.restart();
         crate::store::retired(&mut self.ns, &mut self.pages);
-        self.pages.keep(self.ns.store().promised());
         self.protect_store_pages(&out.taken);
         let took = t0.elapsed();
         let r = &mut self.retirements;

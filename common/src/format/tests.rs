@@ -2,6 +2,8 @@ use proptest::prelude::*;
 
 use super::*;
 
+const UUID: [u8; 16] = [7; 16];
+
 fn superblock_for(size: u64) -> Superblock {
     Superblock {
         seq: 1,
@@ -43,7 +45,7 @@ proptest! {
         clean: bool,
         uuid: [u8; 16],
         created_ns: u64,
-        log_seq: u64,
+        log_seq in 1..LOG_SEQ_MAX,
     ) {
         let sb = Superblock {
             seq,
@@ -68,13 +70,13 @@ proptest! {
         let mut log = vec![0u8; 64 * 1024];
         let mut at = 0usize;
         for (i, p) in payloads.iter().enumerate() {
-            let h = LogEntryHeader::new(first_seq + i as u64, 3, p).unwrap();
+            let h = LogEntryHeader::new(&Lap::new(&UUID, first_seq), first_seq + i as u64, 3, p).unwrap();
             log[at..at + LOG_ENTRY_HEADER_SIZE].copy_from_slice(&h.encode());
             log[at + LOG_ENTRY_HEADER_SIZE..at + LOG_ENTRY_HEADER_SIZE + p.len()].copy_from_slice(p);
             prop_assert_eq!(LogEntryHeader::decode(&log[at..]), Some(h));
             at += h.footprint() as usize;
         }
-        let found = scan_log(&log, first_seq);
+        let found = scan_log(&log, &Lap::new(&UUID, first_seq));
         prop_assert_eq!(found.len(), payloads.len());
         for ((off, h), p) in found.iter().zip(&payloads) {
             prop_assert_eq!(h.len as usize, p.len());
@@ -184,38 +186,41 @@ fn log_scan_stops_at_a_torn_or_out_of_sequence_entry() {
     let mut at = 0usize;
     for seq in 10..14u64 {
         let payload = vec![seq as u8; 40];
-        let h = LogEntryHeader::new(seq, 1, &payload).unwrap();
+        let h = LogEntryHeader::new(&Lap::new(&UUID, 10), seq, 1, &payload).unwrap();
         log[at..at + H].copy_from_slice(&h.encode());
         log[at + H..at + H + 40].copy_from_slice(&payload);
         at += h.footprint() as usize;
     }
-    assert_eq!(scan_log(&log, 10).len(), 4);
-    // A log that starts later in sequence has no entries yet.
-    assert_eq!(scan_log(&log, 11).len(), 0);
+    assert_eq!(scan_log(&log, &Lap::new(&UUID, 10)).len(), 4);
+    // A lap that starts later in sequence has no entries yet, nor does
+    // the same lap of another image.
+    assert_eq!(scan_log(&log, &Lap::new(&UUID, 11)).len(), 0);
+    assert_eq!(scan_log(&log, &Lap::new(&[8; 16], 10)).len(), 0);
     // Tear the third entry's payload (entries are one line each): only
     // two survive.
     log[2 * 64 + H + 20] ^= 0xff;
-    assert_eq!(scan_log(&log, 10).len(), 2);
+    assert_eq!(scan_log(&log, &Lap::new(&UUID, 10)).len(), 2);
     // A header whose length runs past the area ends the scan.
     let mut tiny = vec![0u8; 64];
-    let h = LogEntryHeader::new(0, 1, &[0u8; 100]).unwrap();
+    let h = LogEntryHeader::new(&Lap::new(&UUID, 1), 1, 1, &[0u8; 100]).unwrap();
     tiny[..H].copy_from_slice(&h.encode());
-    assert_eq!(scan_log(&tiny, 0).len(), 0);
+    assert_eq!(scan_log(&tiny, &Lap::new(&UUID, 1)).len(), 0);
 }
 
 #[test]
 fn an_entry_of_up_to_48_payload_bytes_is_one_line_and_a_payload_of_64_kib_is_refused() {
     let line = |n: usize| {
-        LogEntryHeader::new(1, 1, &vec![7u8; n])
+        LogEntryHeader::new(&Lap::new(&UUID, 1), 1, 1, &vec![7u8; n])
             .unwrap()
             .footprint()
     };
     assert_eq!(line(0), 64);
     assert_eq!(line(64 - LOG_ENTRY_HEADER_SIZE), 64);
     assert_eq!(line(64 - LOG_ENTRY_HEADER_SIZE + 1), 128);
-    assert!(LogEntryHeader::new(1, 1, &vec![0u8; LOG_PAYLOAD_MAX]).is_some());
+    let lap = Lap::new(&UUID, 1);
+    assert!(LogEntryHeader::new(&lap, 1, 1, &vec![0u8; LOG_PAYLOAD_MAX]).is_some());
     assert_eq!(
-        LogEntryHeader::new(1, 1, &vec![0u8; LOG_PAYLOAD_MAX + 1]),
+        LogEntryHeader::new(&lap, 1, 1, &vec![0u8; LOG_PAYLOAD_MAX + 1]),
         None
     );
 }
@@ -255,7 +260,13 @@ fn lap(first_seq: u64, entries: usize) -> (Vec<u8>, Vec<u64>) {
     let mut at = 0usize;
     for i in 0..entries {
         let payload = vec![i as u8; 30 + 20 * (i % 4)];
-        let h = LogEntryHeader::new(first_seq + i as u64, 1, &payload).unwrap();
+        let h = LogEntryHeader::new(
+            &Lap::new(&UUID, first_seq),
+            first_seq + i as u64,
+            1,
+            &payload,
+        )
+        .unwrap();
         log[at..at + H].copy_from_slice(&h.encode());
         log[at + H..at + H + payload.len()].copy_from_slice(&payload);
         offsets.push(at as u64);
@@ -268,20 +279,26 @@ fn lap(first_seq: u64, entries: usize) -> (Vec<u8>, Vec<u64>) {
 fn damage_with_entries_after_it_is_told_from_a_torn_end() {
     let (mut log, offsets) = lap(100, 10);
     let len = log.len() as u64;
-    let end = scan_log_with(len, 100, slice_reader(&log), |_, _, _| {});
+    let end = scan_log_with(len, &Lap::new(&UUID, 100), slice_reader(&log), |_, _, _| {});
     assert_eq!((end.entries, end.next_seq), (10, 110));
-    assert_eq!(find_damage(len, 100, &end, slice_reader(&log)), None);
+    assert_eq!(
+        find_damage(len, &Lap::new(&UUID, 100), &end, slice_reader(&log)),
+        None
+    );
     // The last entry torn: the end, not damage.
     log[offsets[9] as usize + 20] ^= 0x10;
-    let end = scan_log_with(len, 100, slice_reader(&log), |_, _, _| {});
+    let end = scan_log_with(len, &Lap::new(&UUID, 100), slice_reader(&log), |_, _, _| {});
     assert_eq!(end.entries, 9);
-    assert_eq!(find_damage(len, 100, &end, slice_reader(&log)), None);
+    assert_eq!(
+        find_damage(len, &Lap::new(&UUID, 100), &end, slice_reader(&log)),
+        None
+    );
     // Bit 4 of an earlier entry's first byte flipped: five acknowledged
     // entries follow it, and the scan says so.
     log[offsets[3] as usize] ^= 0x10;
-    let end = scan_log_with(len, 100, slice_reader(&log), |_, _, _| {});
+    let end = scan_log_with(len, &Lap::new(&UUID, 100), slice_reader(&log), |_, _, _| {});
     assert_eq!(end.entries, 3);
-    let damage = find_damage(len, 100, &end, slice_reader(&log)).unwrap();
+    let damage = find_damage(len, &Lap::new(&UUID, 100), &end, slice_reader(&log)).unwrap();
     assert_eq!(
         (damage.at, damage.seq, damage.following),
         (offsets[3], 103, 5)
@@ -298,7 +315,10 @@ fn entries_of_an_earlier_lap_past_the_end_are_not_damage() {
     let over = offsets[2] as usize + 128;
     log[..over].copy_from_slice(&newer[..over]);
     let len = log.len() as u64;
-    let end = scan_log_with(len, 500, slice_reader(&log), |_, _, _| {});
+    let end = scan_log_with(len, &Lap::new(&UUID, 500), slice_reader(&log), |_, _, _| {});
     assert_eq!(end.entries, 3);
-    assert_eq!(find_damage(len, 500, &end, slice_reader(&log)), None);
+    assert_eq!(
+        find_damage(len, &Lap::new(&UUID, 500), &end, slice_reader(&log)),
+        None
+    );
 }

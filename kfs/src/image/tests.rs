@@ -78,12 +78,17 @@ fn mkfs_over_an_old_image_clears_its_log() {
     let dir = shm_dir();
     let path = dir.path().join("img");
     let sb = mkfs(&path, 4 << 20, false).unwrap();
-    let h = LogEntryHeader::new(1, 1, b"stale").unwrap();
+    let lap = kucofs_common::format::Lap::of(&sb);
+    let h = LogEntryHeader::new(&lap, sb.log_seq, 1, b"stale").unwrap();
     patch(&path, sb.geometry.log.offset(), &h.encode());
     patch(&path, sb.geometry.log.offset() + H, b"stale");
     assert_eq!(inspect(&path).unwrap().log_entries, 1);
     mkfs(&path, 4 << 20, true).unwrap();
     assert_eq!(inspect(&path).unwrap().log_entries, 0);
+    // Cleared, not just keyed by the new image's uuid.
+    let bytes = std::fs::read(&path).unwrap();
+    let log = sb.geometry.log.offset() as usize;
+    assert!(bytes[log..log + 64].iter().all(|&b| b == 0));
 }
 
 #[test]
@@ -313,7 +318,8 @@ fn inspect_reports_a_fresh_image_and_respects_the_lock() {
             &o.encode().unwrap().to_le_bytes(),
         );
     }
-    let h = LogEntryHeader::new(sb.log_seq, 2, &[1u8; 100]).unwrap();
+    let lap = kucofs_common::format::Lap::of(&sb);
+    let h = LogEntryHeader::new(&lap, sb.log_seq, 2, &[1u8; 100]).unwrap();
     patch(&path, sb.geometry.log.offset(), &h.encode());
     patch(&path, sb.geometry.log.offset() + H, &[1u8; 100]);
     let report = inspect(&path).unwrap();

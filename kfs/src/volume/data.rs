@@ -545,6 +545,12 @@ impl Volume {
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
         let protection = self.client(caller)?.protection;
         let want = u64::from(pages.clamp(1, POOL_MAX));
+        if self.pages.free_pages() < want {
+            // The last free pages go to file data before a grant fails.
+            for p in self.ns.store_mut().spare_stock() {
+                self.pages.release_meta(p);
+            }
+        }
         // Pages replaced a moment ago become free once the readers still
         // in their epoch move on (readers take no lock, so waiting here
         // holds none of them up).

@@ -395,7 +395,12 @@ fn a_namespace_retired_into_its_store_mid_doubling_loads_whole() {
     use kucofs_common::pm::Region;
     let g = Geometry::for_size(64 << 20).unwrap();
     let mut ns = Namespace::with_store(Creds::default(), 1, &g).unwrap();
-    ns.store_mut().set_budget(g.data.pages);
+    let mut pages = crate::pages::Pages::new(&g, [], []).unwrap();
+    // Stock for every store page the files below call for.
+    for _ in 0..64 {
+        let p = pages.take_meta().unwrap();
+        ns.store_mut().add_stock(p);
+    }
     let d = growing_dir(&mut ns, "d", 550, 2);
     assert!(ns.doubling(d).is_some());
     let entries = |ns: &Namespace| {
@@ -409,9 +414,8 @@ fn a_namespace_retired_into_its_store_mid_doubling_loads_whole() {
     // The store written as a retirement writes it, then loaded back.
     let tmp = tempfile::tempdir().unwrap();
     let region = Region::create(&tmp.path().join("img"), g.size, false).unwrap();
-    let mut pages = crate::pages::Pages::new(&g, [], []).unwrap();
     let mut batch = BatchWriter::new();
-    crate::store::retire(&mut ns, &mut pages, &mut batch, &|_| true).unwrap();
+    crate::store::retire(&mut ns, &mut pages, &mut batch, &|_| true, u64::MAX).unwrap();
     crate::volume::apply_batch(&region, &g, batch.bytes()).unwrap();
     let read_at = |off: u64, buf: &mut [u8]| region.read(off, buf).is_ok();
     let (loaded, _) = crate::store::load(&g, &read_at).unwrap();

@@ -1,0 +1,445 @@
+//! Reading the metadata store back at recovery (ARCHITECTURE.md §12):
+//! one pass over the owner table, the inode pages, the entry pages and the
+//! files' pages, every record checked, the index built as it goes. A
+//! damaged or hostile image gets an error naming what is wrong, never a
+//! panic, a loop or an allocation its size does not call for.
+
+use kucofs_common::format::meta::{
+    slots_per_page, EntryRecord, InodeRecord, Owner, CELL, INODES_PER_PAGE, INODE_RECORD,
+};
+use kucofs_common::format::{Geometry, OWNER_SIZE, PAGE_SIZE};
+use kucofs_common::index::blockmap::MAX_FILE_SIZE;
+use kucofs_common::index::Kind;
+
+use super::{slot_id, Store, StoreUse};
+use crate::intmap::IntMap;
+use crate::namespace::{Namespace, MAX_INODES, ROOT_INO};
+
+/// What [`load`] read.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Loaded {
+    /// Inode records.
+    pub inodes: u64,
+    /// Entry records.
+    pub entries: u64,
+    /// File data pages.
+    pub file_pages: u64,
+    /// Store pages.
+    pub store: StoreUse,
+    /// Files without a name (open when the file system went down), dropped.
+    pub orphans: u64,
+}
+
+/// Builds the namespace the store of an image of geometry `g` holds,
+/// reading image bytes through `read`. Every record is checked; the first
+/// that fails makes the error.
+pub fn load(
+    g: &Geometry,
+    read: &dyn Fn(u64, &mut [u8]) -> bool,
+) -> Result<(Namespace, Loaded), String> {
+    let mut ns = Namespace::new(kucofs_common::proto::Creds::default(), 0)
+        .map_err(|e| format!("index: {e}"))?;
+    let mut st = Store::new(g);
+    st.loading = true;
+    let mut loaded = Loaded::default();
+    let mut table = vec![0u8; g.owners.len() as usize];
+    if !read(g.owners.offset(), &mut table) {
+        return Err("the owner table is outside the image".into());
+    }
+    let mut files: Vec<(u64, u64, u64)> = Vec::new();
+    let mut entry_pages: Vec<(u64, u8)> = Vec::new();
+    let mut targets: IntMap<u64, u64> = IntMap::default();
+    for i in 0..g.data.pages {
+        let at = (i * OWNER_SIZE) as usize;
+        let v = u64::from_le_bytes(table[at..at + 8].try_into().expect("8 bytes"));
+        let p = g.data.start + i;
+        let o = Owner::decode(v).ok_or_else(|| {
+            format!("data page {p}: owner entry {v:#x} is not one the format allows")
+        })?;
+        match o {
+            Owner::Free => continue,
+            Owner::File { ino, page } => files.push((ino, page, p)),
+            Owner::Inodes { index } => {
+                let k = usize::try_from(index)
+                    .ok()
+                    .filter(|&k| (k as u64) < MAX_INODES / INODES_PER_PAGE)
+                    .ok_or_else(|| {
+                        format!("data page {p}: inode table index {index} is out of range")
+                    })?;
+                if k >= st.itable.len() {
+                    st.itable.resize(k + 1, 0);
+                    st.ilive.resize(k + 1, 0);
+                }
+                if st.itable[k] != 0 {
+                    return Err(format!(
+                        "data pages {} and {p} both hold inode table page {k}",
+                        st.itable[k]
+                    ));
+                }
+                st.itable[k] = p;
+                loaded.store.inode_pages += 1;
+            }
+            Owner::Entries { cells } => {
+                entry_pages.push((p, cells));
+                loaded.store.entry_pages += 1;
+            }
+            Owner::Target { ino } => {
+                if targets.insert(ino, p).is_some() {
+                    return Err(format!("two pages hold the target of inode {ino}"));
+                }
+                loaded.store.target_pages += 1;
+            }
+        }
+        st.load_owner(p, o);
+    }
+    drop(table);
+    *ns.store_mut() = st;
+    // Inodes, page by page.
+    let mut page = vec![0u8; PAGE_SIZE as usize];
+    let itable = ns.store().itable.clone();
+    let mut target = vec![0u8; PAGE_SIZE as usize];
+    let mut saw_root = false;
+    // Each loaded inode's place in the index, kind and link count, by
+    // number, for the entries (a lookup in the index's table would miss
+    // the cache twice): a block of 32 for every inode page the store has,
+    // so that a damaged table index costs no more than the page itself.
+    let mut block_of: Vec<u32> = vec![u32::MAX; itable.len()];
+    let mut blocks: Vec<[Loading; INODES_PER_PAGE as usize]> = Vec::new();
+    for (k, &p) in itable.iter().enumerate() {
+        if p != 0 {
+            block_of[k] = blocks.len() as u32;
+            blocks.push([Loading::default(); INODES_PER_PAGE as usize]);
+        }
+    }
+    let slot_of = |ino: u64| -> Option<(usize, usize)> {
+        let k = usize::try_from(ino / INODES_PER_PAGE).ok()?;
+        let b = *block_of.get(k)?;
+        (b != u32::MAX).then_some((b as usize, (ino % INODES_PER_PAGE) as usize))
+    };
+    for (k, &p) in itable.iter().enumerate() {
+        if p == 0 {
+            continue;
+        }
+        if !read(p * PAGE_SIZE, &mut page) {
+            return Err(format!(
+                "inode page {k} (data page {p}) is outside the image"
+            ));
+        }
+        for s in 0..INODES_PER_PAGE {
+            let at = (s as usize) * INODE_RECORD;
+            let b: &[u8; INODE_RECORD] = page[at..at + INODE_RECORD].try_into().expect("record");
+            let ino = k as u64 * INODES_PER_PAGE + s;
+            let rec =
+                InodeRecord::decode(b).map_err(|e| format!("inode {ino} (data page {p}): {e}"))?;
+            let Some(rec) = rec else { continue };
+            if rec.ino != ino {
+                return Err(format!(
+                    "the record in inode {ino}'s slot names inode {}",
+                    rec.ino
+                ));
+            }
+            let t: &[u8] = match rec.inline_target() {
+                Some(t) => t,
+                None => {
+                    let tp = rec.target_page;
+                    let len = usize::from(rec.target_len);
+                    if targets.get(&ino) != Some(&tp) || len >= PAGE_SIZE as usize {
+                        return Err(format!(
+                            "inode {ino}: its target page {tp} is not one the owner table gives it"
+                        ));
+                    }
+                    if !read(tp * PAGE_SIZE, &mut target[..len]) {
+                        return Err(format!(
+                            "inode {ino}: target page {tp} is outside the image"
+                        ));
+                    }
+                    if kucofs_common::checksum::crc32c(&target[..len]) != rec.target_crc {
+                        return Err(format!(
+                            "inode {ino}: its target (data page {tp}): checksum mismatch"
+                        ));
+                    }
+                    ns.store_mut().targets.insert(ino, tp);
+                    &target[..len]
+                }
+            };
+            let kind = Kind::from_mode(rec.mode)
+                .ok_or_else(|| format!("inode {ino}: mode {:#o} is no known type", rec.mode))?;
+            if (kind == Kind::Symlink) != (rec.target_len > 0) {
+                return Err(format!(
+                    "inode {ino}: a target on a non-symlink or none on a symlink"
+                ));
+            }
+            let size_ok = match kind {
+                Kind::File => rec.size <= MAX_FILE_SIZE,
+                Kind::Symlink => rec.size == u64::from(rec.target_len),
+                Kind::Dir => true,
+            };
+            if !size_ok {
+                return Err(format!(
+                    "inode {ino}: size {} is not one it can have",
+                    rec.size
+                ));
+            }
+            let attr = kucofs_common::index::InodeAttr {
+                offset: 0,
+                gen: 0,
+                ino,
+                mode: rec.mode,
+                nlink: rec.nlink,
+                uid: rec.uid,
+                gid: rec.gid,
+                size: rec.size,
+                atime: rec.atime,
+                mtime: rec.mtime,
+                ctime: rec.ctime,
+                btime: rec.btime,
+                entries: 0,
+            };
+            if ino == ROOT_INO {
+                if kind != Kind::Dir {
+                    return Err("the root is not a directory".into());
+                }
+                saw_root = true;
+            }
+            let inode = ns
+                .load_inode(&attr, t)
+                .map_err(|e| format!("inode {ino}: {e:?}"))?;
+            blocks[block_of[k] as usize][s as usize] = Loading {
+                inode,
+                kind: kind.to_byte(),
+                nlink: rec.nlink,
+                names: 0,
+            };
+            loaded.inodes += 1;
+        }
+    }
+    if !saw_root {
+        return Err("the store holds no root directory".into());
+    }
+    // Inodes of the index per inode page (the root was made before the
+    // store was read, so the counts are taken from the index).
+    let live: Vec<u8> = {
+        let r = ns.reader();
+        (0..itable.len() as u64)
+            .map(|k| {
+                (0..INODES_PER_PAGE)
+                    .filter(|s| r.inode_by_ino(k * INODES_PER_PAGE + s) != 0)
+                    .count() as u8
+            })
+            .collect()
+    };
+    let st = ns.store_mut();
+    st.ilive = live;
+    st.inode_slots = (0..st.itable.len()).map(|k| st.slots_of(k)).sum();
+    if targets.len() != ns.store().targets.len() {
+        return Err("a target page belongs to no symlink".into());
+    }
+    // Entries, page by page, gathered by directory and key, then each
+    // directory built in one pass.
+    struct Found {
+        parent: u64,
+        hash: u64,
+        ino: u64,
+        slot: u64,
+        kind: u8,
+        name: (u32, u8),
+    }
+    let mut found: Vec<Found> = Vec::new();
+    let mut names: Vec<u8> = Vec::new();
+    for &(p, cells) in &entry_pages {
+        if !read(p * PAGE_SIZE, &mut page) {
+            return Err(format!("entry page {p} is outside the image"));
+        }
+        let mut used = 0u64;
+        let size = CELL * usize::from(cells);
+        for s in 0..slots_per_page(cells) {
+            let at = s as usize * size;
+            let rec = EntryRecord::decode(&page[at..at + size], cells)
+                .map_err(|e| format!("entry slot {s} of data page {p}: {e}"))?;
+            let Some(rec) = rec else { continue };
+            let at = u32::try_from(names.len()).map_err(|_| "too many names".to_string())?;
+            names.extend_from_slice(&rec.name);
+            found.push(Found {
+                parent: rec.parent,
+                hash: kucofs_common::index::name_hash(&rec.name),
+                ino: rec.ino,
+                slot: slot_id(p, s),
+                kind: rec.kind,
+                name: (at, rec.name.len() as u8),
+            });
+            used |= 1 << s;
+        }
+        ns.store_mut()
+            .add_entry_page(usize::from(cells) - 1, p, used);
+    }
+    let name_of = |f: &Found| &names[f.name.0 as usize..f.name.0 as usize + usize::from(f.name.1)];
+    found.sort_unstable_by(|a, b| {
+        (a.parent, a.hash)
+            .cmp(&(b.parent, b.hash))
+            .then_with(|| name_of(a).cmp(name_of(b)))
+    });
+    loaded.entries = found.len() as u64;
+    let mut batch = Vec::new();
+    for group in found.chunk_by(|a, b| a.parent == b.parent) {
+        let parent = group[0].parent;
+        batch.clear();
+        for f in group {
+            let at = slot_of(f.ino).filter(|_| f.ino != ROOT_INO);
+            let (inode, kind) = at.map_or((0, 0), |(b, s)| {
+                let l = &mut blocks[b][s];
+                l.names += 1;
+                (l.inode, l.kind)
+            });
+            if kind == Kind::Dir.to_byte() {
+                if let Some((b, s)) = slot_of(parent) {
+                    blocks[b][s].names += 1;
+                }
+            }
+            let kind = Kind::from_byte(kind).filter(|_| inode != 0);
+            let Some(kind) = kind.filter(|k| k.to_byte() == f.kind) else {
+                return Err(format!(
+                    "entry {:?} in directory {parent} names inode {}, {}",
+                    String::from_utf8_lossy(name_of(f)),
+                    f.ino,
+                    if inode == 0 {
+                        "which does not exist"
+                    } else {
+                        "of another type, or the root"
+                    }
+                ));
+            };
+            batch.push(crate::namespace::LoadedEntry {
+                hash: f.hash,
+                name: name_of(f),
+                ino: f.ino,
+                inode,
+                kind,
+                slot: f.slot,
+            });
+        }
+        ns.load_dir(parent, &batch)
+            .map_err(|e| format!("the entries of directory {parent}: {e:?}"))?;
+    }
+    drop(batch);
+    drop(found);
+    // Link counts: a file's or symlink's is its names (none for one that
+    // was open when the file system went down, dropped below); a
+    // directory's, 2 and one for each directory in it (`names` counted
+    // its name and its subdirectories).
+    for (k, &b) in block_of.iter().enumerate() {
+        if b == u32::MAX {
+            continue;
+        }
+        for (s, l) in blocks[b as usize].iter().enumerate() {
+            let ino = k as u64 * INODES_PER_PAGE + s as u64;
+            let want = match Kind::from_byte(l.kind) {
+                None => continue,
+                Some(Kind::Dir) => l.names + u32::from(ino == ROOT_INO) + 1,
+                Some(_) => l.names,
+            };
+            let orphan = l.nlink == 0 && l.names == 0 && l.kind != Kind::Dir.to_byte();
+            if l.nlink != want && !orphan {
+                return Err(format!(
+                    "inode {ino} has a link count of {}, but the entries give it {want}",
+                    l.nlink
+                ));
+            }
+        }
+    }
+    for c in &mut ns.store_mut().classes {
+        c.avail = c.free_slots;
+    }
+    // File data, a run of consecutive pages at a time.
+    files.sort_unstable();
+    let mut i = 0;
+    while i < files.len() {
+        let (ino, first, p) = files[i];
+        let inode = ns.reader().inode_by_ino(ino);
+        let attr = ns
+            .reader()
+            .attr(inode)
+            .filter(|a| a.kind() == Some(Kind::File));
+        let Some(attr) = attr.filter(|_| inode != 0) else {
+            return Err(format!(
+                "data page {p} belongs to inode {ino}, which is no regular file"
+            ));
+        };
+        let mut run = vec![p];
+        let mut j = i + 1;
+        while j < files.len()
+            && run.len() < 256
+            && files[j].0 == ino
+            && files[j].1 == first + run.len() as u64
+        {
+            run.push(files[j].2);
+            j += 1;
+        }
+        if j < files.len() && files[j].0 == ino && files[j].1 < first + run.len() as u64 {
+            return Err(format!(
+                "two data pages hold page {} of inode {ino}",
+                files[j].1
+            ));
+        }
+        let last = first + run.len() as u64 - 1;
+        if last * PAGE_SIZE >= attr.size {
+            return Err(format!(
+                "data page {} holds page {last} of inode {ino}, past its size {}",
+                run[run.len() - 1],
+                attr.size
+            ));
+        }
+        ns.load_pages(inode, first, &run, &attr)
+            .map_err(|e| format!("pages of inode {ino}: {e:?}"))?;
+        loaded.file_pages += run.len() as u64;
+        i = j;
+    }
+    ns.store_mut().loading = false;
+    loaded.orphans = ns
+        .drop_orphans()
+        .map_err(|e| format!("dropping unnamed files: {e:?}"))?;
+    Ok((ns, loaded))
+}
+
+/// The data pages the files of `ns` hold, and those its store holds: its
+/// records' pages, and those it gave up whose owner entries are not yet
+/// cleared in the image (a symlink dropped by the replay gives its target
+/// page up; the image still names it until the next retirement).
+pub fn held_pages(ns: &Namespace) -> (Vec<u64>, Vec<u64>) {
+    let st = ns.store();
+    let (mut files, mut store) = (Vec::new(), st.released.clone());
+    let Some(data) = st.data else {
+        return (files, store);
+    };
+    for (i, &o) in st.owners.iter().enumerate() {
+        let p = data.start + i as u64;
+        match Owner::decode(o) {
+            Some(Owner::Free) | None => {}
+            Some(Owner::File { .. }) => files.push(p),
+            Some(_) => store.push(p),
+        }
+    }
+    (files, store)
+}
+
+/// The owner entry the store should hold for data page `p` (for fsck's
+/// cross-check).
+pub fn owner_of(ns: &Namespace, p: u64) -> Option<Owner> {
+    let st = ns.store();
+    let data = st.data?;
+    data.contains(p)
+        .then(|| Owner::decode(st.owners[(p - data.start) as usize]))
+        .flatten()
+}
+
+/// An inode as loaded, for the entries that name it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Loading {
+    /// Its offset in the index (0: no inode).
+    inode: u64,
+    /// Its type byte.
+    kind: u8,
+    /// Its link count in the store.
+    nlink: u32,
+    /// Names it has (for a directory, its name and its subdirectories).
+    names: u32,
+}
