@@ -101,6 +101,10 @@ pub struct Volume {
     pages: Pages,
     data: data::DataState,
     readers: Readers,
+    /// A retirement failed after it changed the store's bookkeeping (its
+    /// batch invalid, or not written): the log must stay as it is for
+    /// recovery, so every change is refused with `EIO` from then on.
+    failed: bool,
 }
 
 impl Volume {
@@ -157,6 +161,7 @@ impl Volume {
             pages,
             data: data::DataState::default(),
             readers: Readers::default(),
+            failed: false,
         };
         if v.log.entries() > 0 || !v.ns.store().is_clean() {
             v.checkpoint()
@@ -305,6 +310,9 @@ impl Volume {
     /// Handles one request: check it, log it, apply it, and make the log
     /// entry durable before returning the reply.
     pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
+        if self.failed && !matches!(req, Request::Ping | Request::Close { .. }) {
+            return Reply::err(Errno::EIO);
+        }
         self.fill_stock();
         let r = match self.handle_data(req, caller) {
             Some(r) => r,
@@ -407,6 +415,9 @@ impl Volume {
     /// the store as it was and the changes in the log; after it, recovery
     /// applies the batch again.
     pub fn checkpoint(&mut self) -> std::result::Result<(), Errno> {
+        if self.failed {
+            return Err(Errno::EIO);
+        }
         let t0 = Instant::now();
         let region = self.image.region();
         // The entries it covers are durable before it is.
@@ -421,14 +432,12 @@ impl Volume {
             &reserve,
             room,
         )?;
-        let g = self.image.superblock().geometry;
-        if !self.batch.bytes().is_empty() {
-            self.log.append_batch(region, self.batch.bytes())?;
-            apply_batch(region, &g, self.batch.bytes()).map_err(|_| Errno::EIO)?;
+        // From here a failure leaves the bookkeeping ahead of the image:
+        // the log, which still holds every change, is kept for recovery.
+        if let Err(e) = self.write_retirement() {
+            self.failed = true;
+            return Err(e);
         }
-        let mut next = self.image.superblock().clone();
-        next.log_seq = self.log.next_seq();
-        self.image.update_superblock(next).map_err(|_| Errno::EIO)?;
         self.log.restart();
         crate::store::retired(&mut self.ns, &mut self.pages);
         self.protect_store_pages(&out.taken);
@@ -440,6 +449,23 @@ impl Volume {
         r.longest_recent = r.longest_recent.max(took);
         r.records += out.inodes + out.entries + out.cleared + out.owners;
         Ok(())
+    }
+
+    /// Logs the batch [`crate::store::retire`] built, copies it into place,
+    /// and names the next log entry in the superblock.
+    fn write_retirement(&mut self) -> std::result::Result<(), Errno> {
+        let g = self.image.superblock().geometry;
+        let region = self.image.region();
+        // A batch that writes outside the store is never logged (recovery
+        // would refuse it).
+        crate::recovery::each_write(&g, self.batch.bytes(), |_| Ok(())).map_err(|_| Errno::EIO)?;
+        if !self.batch.bytes().is_empty() {
+            self.log.append_batch(region, self.batch.bytes())?;
+            apply_batch(region, &g, self.batch.bytes()).map_err(|_| Errno::EIO)?;
+        }
+        let mut next = self.image.superblock().clone();
+        next.log_seq = self.log.next_seq();
+        self.image.update_superblock(next).map_err(|_| Errno::EIO)
     }
 
     /// Retires the log if anything changed since the last retirement (Kfs
