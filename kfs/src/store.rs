@@ -180,8 +180,9 @@ pub struct Store {
     dirty_inos: Vec<u64>,
     dirty_ino_bits: Vec<u64>,
     classes: Vec<Class>,
-    /// Entry page -> index in its class's `pages`.
-    entry_pages: IntMap<u64, u32>,
+    /// Each data page's place in its entry class's `pages` (by index from
+    /// the first data page; `u32::MAX` for a page that holds no entries).
+    entry_idx: Vec<u32>,
     /// Index entries made since the last retirement (offsets; some may be
     /// removed since, or reused).
     new_entries: Vec<u64>,
@@ -201,6 +202,7 @@ pub struct Store {
     pending_bytes: u64,
 }
 
+#[inline]
 fn set_bit(bits: &mut Vec<u64>, i: u64) -> bool {
     let w = (i / 64) as usize;
     if w >= bits.len() {
@@ -221,6 +223,7 @@ impl Store {
             data: Some(g.data),
             owners_at: g.owners.offset(),
             owners: vec![0; g.data.pages as usize],
+            entry_idx: vec![u32::MAX; g.data.pages as usize],
             dirty_page_bits: vec![0; (g.data.pages as usize).div_ceil(64)],
             classes: (1..=MAX_CELLS)
                 .map(|cells| Class {
@@ -552,7 +555,9 @@ impl Store {
                 c.pages.len() as u32 - 1
             }
         };
-        self.entry_pages.insert(p, idx);
+        if let Some(d) = self.data.filter(|d| d.contains(p)) {
+            self.entry_idx[(p - d.start) as usize] = idx;
+        }
         let free = c.per_page() - u64::from(used.count_ones());
         if free > 0 {
             c.free_slots += free;
@@ -856,7 +861,12 @@ pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
     }
     for id in std::mem::take(&mut st.freed_slots) {
         let (p, s) = slot_parts(id);
-        let Some(&idx) = st.entry_pages.get(&p) else {
+        let Some(&idx) = st
+            .data
+            .filter(|d| d.contains(p))
+            .and_then(|d| st.entry_idx.get((p - d.start) as usize))
+            .filter(|&&i| i != u32::MAX)
+        else {
             continue;
         };
         let Some(Owner::Entries { cells }) = st.owner(p) else {
@@ -884,7 +894,9 @@ pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
         let ep = &mut c.pages[idx as usize];
         let gone = std::mem::replace(&mut ep.page, 0);
         c.spare.push(idx);
-        st.entry_pages.remove(&gone);
+        if let Some(d) = st.data.filter(|d| d.contains(gone)) {
+            st.entry_idx[(gone - d.start) as usize] = u32::MAX;
+        }
         st.release(gone);
     }
     // Given-up pages whose cleared owner entries are in the store now (and
