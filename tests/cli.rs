@@ -51,9 +51,16 @@ fn mkfs_then_info_describes_the_image() {
     let o = kucofs(&["info", p(&img)]);
     assert!(o.status.success(), "{o:?}");
     let text = stdout(&o);
+    // The mapping the image's file allows, from what the kernel says of
+    // the file: MAP_SYNC on DAX, an ordinary one on tmpfs.
+    let mapping = if kucofs_common::pm::is_dax(&img) == Some(true) {
+        "mapping:      DAX (MAP_SYNC)"
+    } else {
+        "mapping:      emulated"
+    };
     for needle in [
         "KucoFS version 2",
-        "emulated",
+        mapping,
         "state:        clean",
         "0 B used",
         "0 entries",
