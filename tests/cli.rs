@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn kucofs(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kucofs"))
+    Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
         .args(args)
         .output()
         .expect("run kucofs")
