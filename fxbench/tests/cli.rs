@@ -1,5 +1,9 @@
 //! The built `fxbench` binary, end to end, on a directory under /dev/shm.
 
+// Shared with the root package's tests, which find their binary alike.
+#[path = "../../tests/support/companion.rs"]
+mod companion;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -23,7 +27,7 @@ fn scratch() -> tempfile::TempDir {
 }
 
 fn fxbench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fxbench"))
+    Command::new(companion::binary(env!("CARGO_BIN_EXE_fxbench")))
         .args(args)
         .output()
         .unwrap()

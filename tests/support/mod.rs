@@ -1,5 +1,7 @@
 //! What several whole-system tests share.
 
+pub mod companion;
+
 use std::path::Path;
 
 /// A fresh directory under `/dev/shm` named `prefix...`, where a test keeps

@@ -21,8 +21,8 @@ pub use mapping::{Media, HUGE_PAGE};
 pub use persist::{Hardware, Persist};
 pub use recorder::{CrashPoint, CrashState, InFlight, InFlightKind, Landed, Prefixes, Recorder};
 pub use region::{
-    allocated, MapMode, PoolWriter, Protection, Protector, Region, RegionView, Space, BATCH_PAGES,
-    BATCH_TIME,
+    allocated, is_dax, MapMode, PoolWriter, Protection, Protector, Region, RegionView, Space,
+    BATCH_PAGES, BATCH_TIME,
 };
 pub use shm::{Shm, ShmView, Words};
 

@@ -349,9 +349,11 @@ impl Region {
     /// first store (emulated regions allocate memory on first touch), a
     /// page fault each, leaving the process's memory map unlocked for the
     /// protection changes of clients in the same process. Contents are
-    /// unchanged. With huge pages enabled, an image on tmpfs gets them for
-    /// the whole 2 MiB chunks around the range instead (see
-    /// [`Region::make_huge`]).
+    /// unchanged. On DAX the pages are mapped only: a hole of a sparse
+    /// image reads as the zero page and gets its block at its first store
+    /// (or from [`Region::reserve`]). With huge pages enabled, an image on
+    /// tmpfs gets them for the whole 2 MiB chunks around the range instead
+    /// (see [`Region::make_huge`]).
     pub fn prefault(&self, offset: u64, len: u64) {
         self.map.provision(offset, len, self.len());
     }
@@ -820,6 +822,20 @@ fn is_reserved(file: &File, len: u64) -> bool {
         .is_ok_and(|m| allocated(&m).is_none_or(|have| have >= len))
 }
 
+/// Whether the kernel reports the file at `path` as accessed directly,
+/// without a page cache (DAX, `STATX_ATTR_DAX`): a file that a
+/// [`Region`] maps with `MAP_SYNC` ([`MapMode::Dax`]). `None` where the
+/// kernel does not say (before Linux 5.8) or the file cannot be reached.
+/// Asked of the file system, not of a mapping, so that it can check what
+/// mapping a region got.
+pub fn is_dax(path: &Path) -> Option<bool> {
+    use rustix::fs::{statx, AtFlags, StatxAttributes, StatxFlags, CWD};
+    let st = statx(CWD, path, AtFlags::empty(), StatxFlags::BASIC_STATS).ok()?;
+    st.stx_attributes_mask
+        .contains(StatxAttributes::DAX)
+        .then(|| st.stx_attributes.contains(StatxAttributes::DAX))
+}
+
 fn is_device(path: &Path) -> bool {
     std::fs::metadata(path)
         .map(|m| m.file_type().is_block_device() || m.file_type().is_char_device())
@@ -942,6 +958,34 @@ mod tests {
             .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
     }
 
+    /// The mapping a region of the file at `path` gets, from what the
+    /// kernel says of the file itself: `MAP_SYNC` where it is DAX, an
+    /// ordinary shared mapping elsewhere (tmpfs, or a kernel that does not
+    /// say).
+    fn expected_mode(path: &Path) -> MapMode {
+        if is_dax(path) == Some(true) {
+            MapMode::Dax
+        } else {
+            MapMode::Emulated
+        }
+    }
+
+    /// The flags of the mapping starting at `addr` (`VmFlags` in
+    /// `/proc/self/smaps`), e.g. `sf` for synchronous page faults, which
+    /// `MAP_SYNC` asks for.
+    fn vm_flags(addr: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let head = format!("{addr:x}-");
+        smaps
+            .lines()
+            .skip_while(|l| !l.starts_with(&head))
+            .find_map(|l| l.strip_prefix("VmFlags:"))
+            .expect("the mapping is listed with its flags")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// The kibibytes of the mapping starting at `addr` that huge page
     /// table entries map, from `/proc/self/smaps`.
     fn pmd_mapped_kib(addr: usize) -> u64 {
@@ -1035,6 +1079,17 @@ mod tests {
         let view = r.view().unwrap();
         let p = view.protector().unwrap();
         p.set(3, 1, true).unwrap();
+        if expected_mode(&r.path) == MapMode::Dax {
+            // Huge pages are asked of the kernel for tmpfs images only (a
+            // DAX file's are mapped huge by the kernel where its blocks
+            // line up): the read mapping stays as it was, bytes and all.
+            assert!(!r.enable_huge_pages());
+            assert_eq!(perms(view.window_address() + 3 * 4096), "rw");
+            assert_eq!(perms(view.address() + 3 * 4096), "r-");
+            view.read(3 * 4096, &mut back).unwrap();
+            assert_eq!(back, data);
+            return;
+        }
         if !r.enable_huge_pages() || !r.make_huge(0, 4096) {
             println!("SKIPPED: this kernel makes no huge pages of tmpfs (MADV_COLLAPSE)");
             return;
@@ -1067,6 +1122,24 @@ mod tests {
         assert!(!r.can_make_huge());
         assert!(!r.make_huge(0, 8 << 20));
         assert_eq!(r.huge_bytes(), 0);
+        if expected_mode(&path) == MapMode::Dax {
+            // A DAX file's pages are the device's own: the kernel maps them
+            // huge by itself where the file's blocks line up, and there is
+            // nothing to ask of it. Enabling is refused, no chunk is ever
+            // made or retried, and the bytes are all there.
+            assert!(!r.enable_huge_pages());
+            assert!(!r.can_make_huge());
+            assert!(!r.make_huge(at, 8192));
+            assert!(!r.huge_retry_due());
+            assert_eq!(r.retry_huge(), None);
+            assert_eq!(r.huge_bytes(), 0);
+            let mut back = vec![0u8; data.len()];
+            r.read(at, &mut back).unwrap();
+            assert_eq!(back, data);
+            view.read(at, &mut back).unwrap();
+            assert_eq!(back, data);
+            return;
+        }
         if !dir.path().starts_with("/dev/shm") {
             println!("SKIPPED: no tmpfs under /dev/shm for huge pages");
             return;
@@ -1204,12 +1277,23 @@ mod tests {
         assert_eq!(head, [0u8; 8], "a forced create starts from zeros");
     }
 
+    /// A region is mapped with `MAP_SYNC` exactly where its file is DAX
+    /// (the kernel says which of the file, and marks a `MAP_SYNC`
+    /// mapping's faults synchronous, `sf`): under `/dev/shm` on tmpfs an
+    /// ordinary mapping, on a file system mounted with `-o dax` the real
+    /// thing. Either way, a view sees the region's stores.
     #[test]
-    fn a_file_under_dev_shm_is_emulated_and_views_see_writes() {
+    fn a_region_maps_with_map_sync_exactly_on_dax_and_views_see_writes() {
         let dir = shm_dir();
-        let r = Region::create(&dir.path().join("img"), 1 << 20, false).unwrap();
-        assert_eq!(r.mode(), MapMode::Emulated);
+        let path = dir.path().join("img");
+        let r = Region::create(&path, 1 << 20, false).unwrap();
+        let want = expected_mode(&path);
+        assert_eq!(r.mode(), want);
+        let synchronous = |addr| vm_flags(addr).iter().any(|f| f == "sf");
+        assert_eq!(synchronous(r.map.addr()), want == MapMode::Dax);
         let v = r.view().unwrap();
+        assert_eq!(v.mode(), want);
+        assert_eq!(synchronous(v.address()), want == MapMode::Dax);
         assert_eq!(v.len(), r.len());
         r.write_persist(12345, b"shared").unwrap();
         let mut buf = [0u8; 6];
@@ -1220,8 +1304,25 @@ mod tests {
         assert_ne!(v.address(), 0);
     }
 
+    /// True if the page holding `addr` is mapped in this process's page
+    /// tables (the present bit of its entry in `/proc/self/pagemap`).
+    fn mapped(addr: usize) -> bool {
+        use std::os::unix::fs::FileExt;
+        let pagemap = File::open("/proc/self/pagemap").unwrap();
+        let mut entry = [0u8; 8];
+        pagemap
+            .read_exact_at(&mut entry, (addr / 4096 * 8) as u64)
+            .unwrap();
+        u64::from_le_bytes(entry) >> 63 == 1
+    }
+
+    /// `prefault` readies every page a range touches and no other, and
+    /// changes no byte. On tmpfs it allocates them: they are holes no
+    /// more. On DAX it maps them: a read fault there maps a hole to the
+    /// zero page and allocates no block (a page gets its block at its
+    /// first store, or from `reserve`), so the file's holes stay.
     #[test]
-    fn prefault_allocates_a_range_and_keeps_its_bytes() {
+    fn prefault_readies_exactly_a_range_and_keeps_its_bytes() {
         use rustix::fs::SeekFrom;
         let dir = shm_dir();
         let path = dir.path().join("img");
@@ -1231,10 +1332,24 @@ mod tests {
         let image = File::open(&path).unwrap();
         let hole_at = |at: u64| rustix::fs::seek(&image, SeekFrom::Hole(at)).unwrap();
         assert_eq!(hole_at(8 * 4096), 8 * 4096, "fresh pages are a hole");
+        let page = |n: usize| r.map.addr() + n * 4096;
+        let dax = expected_mode(&path) == MapMode::Dax;
+        if dax {
+            let untouched = (3..11).filter(|&n| n != 5);
+            assert!(untouched.into_iter().all(|n| !mapped(page(n))));
+        }
         // Unaligned ends: every page the range touches, and no other.
         r.prefault(4 * 4096 + 10, 5 * 4096);
-        assert_eq!(hole_at(4 * 4096), 10 * 4096);
-        assert_eq!(hole_at(3 * 4096), 3 * 4096, "a page before the range");
+        if dax {
+            for n in 3..11 {
+                assert_eq!(mapped(page(n)), (4..10).contains(&n), "page {n}");
+            }
+            assert_eq!(hole_at(4 * 4096), 4 * 4096, "a block allocated");
+            assert_eq!(hole_at(6 * 4096), 6 * 4096, "a block allocated");
+        } else {
+            assert_eq!(hole_at(4 * 4096), 10 * 4096);
+            assert_eq!(hole_at(3 * 4096), 3 * 4096, "a page before the range");
+        }
         let mut buf = vec![0xffu8; 6 * 4096];
         r.read(4 * 4096, &mut buf).unwrap();
         assert_eq!(&buf[4096 + 100..4096 + 104], b"kept");
