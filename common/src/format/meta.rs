@@ -350,6 +350,31 @@ impl EntryRecord {
     /// Reads a stored record of an entry page of `cells` cells per slot
     /// (`b` holds the slot): `Ok(None)` for an empty slot.
     pub fn decode(b: &[u8], cells: u8) -> Result<Option<EntryRecord>, RecordFault> {
+        Ok(EntryRef::decode(b, cells)?.map(|e| EntryRecord {
+            parent: e.parent,
+            ino: e.ino,
+            kind: e.kind,
+            name: e.name.to_vec(),
+        }))
+    }
+}
+
+/// An entry record read in place: its name borrowed from the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryRef<'a> {
+    /// The directory's inode number.
+    pub parent: u64,
+    /// The inode number it names.
+    pub ino: u64,
+    /// The type byte of that inode.
+    pub kind: u8,
+    /// The name.
+    pub name: &'a [u8],
+}
+
+impl<'a> EntryRef<'a> {
+    /// [`EntryRecord::decode`], without copying the name.
+    pub fn decode(b: &'a [u8], cells: u8) -> Result<Option<EntryRef<'a>>, RecordFault> {
         if b.len() < usize::from(cells) * CELL || b.len() < ENTRY_HEAD {
             return Err(RecordFault::Field("an entry slot is cut short"));
         }
@@ -364,11 +389,11 @@ impl EntryRecord {
         if entry_crc(b, name) != get_u32(b, 20) {
             return Err(RecordFault::Checksum);
         }
-        Ok(Some(EntryRecord {
+        Ok(Some(EntryRef {
             parent: get_u64(b, 0),
             ino: get_u64(b, 8),
             kind: b[18],
-            name: name.to_vec(),
+            name,
         }))
     }
 }

@@ -5,7 +5,7 @@
 //! panic, a loop or an allocation its size does not call for.
 
 use kucofs_common::format::meta::{
-    slots_per_page, EntryRecord, InodeRecord, Owner, CELL, INODES_PER_PAGE, INODE_RECORD,
+    slots_per_page, EntryRef, InodeRecord, Owner, CELL, INODES_PER_PAGE, INODE_RECORD,
 };
 use kucofs_common::format::{Geometry, OWNER_SIZE, PAGE_SIZE};
 use kucofs_common::index::blockmap::MAX_FILE_SIZE;
@@ -244,8 +244,9 @@ pub fn load(
         kind: u8,
         name: (u32, u8),
     }
-    let mut found: Vec<Found> = Vec::new();
-    let mut names: Vec<u8> = Vec::new();
+    let slots: u64 = entry_pages.iter().map(|&(_, c)| slots_per_page(c)).sum();
+    let mut found: Vec<Found> = Vec::with_capacity(slots as usize);
+    let mut names: Vec<u8> = Vec::with_capacity(slots as usize * 16);
     for &(p, cells) in &entry_pages {
         if !read(p * PAGE_SIZE, &mut page) {
             return Err(format!("entry page {p} is outside the image"));
@@ -254,14 +255,14 @@ pub fn load(
         let size = CELL * usize::from(cells);
         for s in 0..slots_per_page(cells) {
             let at = s as usize * size;
-            let rec = EntryRecord::decode(&page[at..at + size], cells)
+            let rec = EntryRef::decode(&page[at..at + size], cells)
                 .map_err(|e| format!("entry slot {s} of data page {p}: {e}"))?;
             let Some(rec) = rec else { continue };
             let at = u32::try_from(names.len()).map_err(|_| "too many names".to_string())?;
-            names.extend_from_slice(&rec.name);
+            names.extend_from_slice(rec.name);
             found.push(Found {
                 parent: rec.parent,
-                hash: kucofs_common::index::name_hash(&rec.name),
+                hash: kucofs_common::index::name_hash(rec.name),
                 ino: rec.ino,
                 slot: slot_id(p, s),
                 kind: rec.kind,
