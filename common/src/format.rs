@@ -57,7 +57,7 @@ pub const OWNERS_PER_PAGE: u64 = PAGE_SIZE / OWNER_SIZE;
 /// since the last retirement and the store records they call for reach
 /// this much, or a quarter of the log if that is less. Bounds the work of
 /// one retirement, and so Kfs's longest pause.
-pub const RETIRE_PAGES_MAX: u64 = 256;
+pub const RETIRE_PAGES_MAX: u64 = 1024;
 /// Fewest log pages between two retirements.
 pub const RETIRE_PAGES_MIN: u64 = 16;
 /// Pages the log keeps beyond what its entries and one retirement need.
@@ -147,10 +147,10 @@ pub const fn owner_pages(data_pages: u64) -> u64 {
     data_pages.div_ceil(OWNERS_PER_PAGE)
 }
 
-/// The log pages between retirements for an image of `pages` pages: 1/256
+/// The log pages between retirements for an image of `pages` pages: 1/1024
 /// of it, within [`RETIRE_PAGES_MIN`]..=[`RETIRE_PAGES_MAX`].
 const fn retire_pages_for(pages: u64) -> u64 {
-    let p = pages / 256;
+    let p = pages / 1024;
     if p < RETIRE_PAGES_MIN {
         RETIRE_PAGES_MIN
     } else if p > RETIRE_PAGES_MAX {
@@ -176,7 +176,8 @@ impl Geometry {
     /// The geometry mkfs lays out for an image of `size` bytes (rounded down
     /// to whole pages): the log sized by [`log_pages_for`], the owner table
     /// the data pages need, and the rest data pages. The log and the owner
-    /// table together take about 1/256 of a large image.
+    /// table together take at most about 1/160 of an image of 1 GiB or more
+    /// and about 1/256 of a large one.
     pub fn for_size(size: u64) -> Result<Geometry, GeometryError> {
         if size < MIN_IMAGE_SIZE {
             return Err(GeometryError::TooSmall {

@@ -74,28 +74,65 @@ pub struct Pages {
     high: Arc<AtomicU64>,
 }
 
-/// Where the pages' states lie in memory, for a thread that warms the
-/// cache ahead of a change it will make under the volume's lock
-/// ([`Pages::state_addr`]).
+/// Where a table with one item per data page lies in memory (the pages'
+/// states, [`Pages::state_addr`]; the store's owner entries,
+/// [`crate::store::Store::owner_addr`]), for a thread that warms the cache
+/// ahead of a change it will make under the volume's lock.
 #[derive(Debug, Clone, Copy)]
-pub struct StateAddr {
-    /// The address of the first data page's state.
+pub struct PageTableAddr {
+    /// The address of the first data page's item.
     base: usize,
+    /// Bytes of one item.
+    size: usize,
     first: u64,
     end: u64,
 }
 
-impl StateAddr {
-    /// Starts loading page `p`'s state into the cache (nothing for a page
-    /// outside the data area). Only a hint: the address is never read
-    /// through, so it may outlive the pages.
+impl PageTableAddr {
+    /// The table of `items` (whose first is data page `first`'s).
+    pub fn of<T>(items: &[T], first: u64) -> PageTableAddr {
+        PageTableAddr {
+            base: items.as_ptr() as usize,
+            size: std::mem::size_of::<T>(),
+            first,
+            end: first + items.len() as u64,
+        }
+    }
+
+    /// Starts loading page `p`'s item into the cache (nothing for a page
+    /// outside the table). Only a hint: the address is never read
+    /// through, so it may outlive the table.
     #[inline]
     pub fn prefetch(&self, p: u64) {
         if p >= self.first && p < self.end {
-            let at = (p - self.first) as usize * std::mem::size_of::<u32>();
+            let at = (p - self.first) as usize * self.size;
             kucofs_common::pm::prefetch(self.base.wrapping_add(at));
         }
     }
+}
+
+/// A table of `n` copies of `item`, one per data page, asked to sit on
+/// huge pages where the kernel grants them on request (transparent huge
+/// pages in `madvise` mode). Such tables are written at random pages on
+/// every copy-on-write write; on 4 KiB pages a table of a large image
+/// spans thousands of pages, and each write would also miss the TLB.
+pub fn page_table<T: Clone>(n: usize, item: T) -> Vec<T> {
+    const HUGE: usize = 2 << 20;
+    let mut v = Vec::with_capacity(n);
+    let start = v.as_ptr() as usize;
+    let end = start + n * std::mem::size_of::<T>();
+    let (from, to) = (start.next_multiple_of(HUGE), end & !(HUGE - 1));
+    if to > from {
+        // SAFETY: [from, to) lies inside the allocation `v` owns, which
+        // nothing references yet; the advice changes how the kernel backs
+        // the range, never its contents or its validity. Refusal (huge
+        // pages disabled) leaves ordinary pages, so the result is ignored.
+        let _ = unsafe {
+            rustix::mm::madvise(from as *mut _, to - from, rustix::mm::Advice::LinuxHugepage)
+        };
+    }
+    v.resize(n, item);
+    v
 }
 
 impl Pages {
@@ -109,7 +146,7 @@ impl Pages {
     ) -> Result<Pages, String> {
         let first = g.data.start;
         let end = g.data.end();
-        let mut state = vec![FREE; (end - first) as usize];
+        let mut state = page_table((end - first) as usize, FREE);
         for (p, mark) in used
             .into_iter()
             .map(|p| (p, USED))
@@ -155,12 +192,8 @@ impl Pages {
 
     /// Where the states lie. The state vector is never resized, so this
     /// holds while these pages live.
-    pub fn state_addr(&self) -> StateAddr {
-        StateAddr {
-            base: self.state.as_ptr() as usize,
-            first: self.first,
-            end: self.end,
-        }
+    pub fn state_addr(&self) -> PageTableAddr {
+        PageTableAddr::of(&self.state, self.first)
     }
 
     fn state(&self, p: u64) -> u32 {

@@ -32,7 +32,7 @@ use kucofs_common::Errno;
 
 use crate::intmap::IntMap;
 use crate::namespace::Namespace;
-use crate::pages::Pages;
+use crate::pages::{PageTableAddr, Pages};
 
 mod load;
 
@@ -40,6 +40,22 @@ pub use load::{held_pages, load, owner_of, Loaded};
 
 /// `itable` value of a table index whose page is promised, not yet taken.
 const PENDING: u64 = u64::MAX;
+
+/// Bit of an owner word (one the format never sets) marking an entry
+/// changed since the last retirement.
+const DIRTY: u64 = 1 << 63;
+
+/// Owner entries a retirement writes together: a cache line of them, so
+/// that copying them into place is whole lines of non-temporal stores.
+const OWNERS_PER_LINE: u64 = 64 / OWNER_SIZE;
+/// What a line of owner entries costs a batch, and a whole owner page.
+const OWNER_LINE_COST: u64 = 64 + WRITE;
+const OWNER_PAGE_COST: u64 = PAGE_SIZE + WRITE;
+const _: () = assert!(
+    (kucofs_common::format::meta::OWNER_TARGET + 1)
+        << kucofs_common::format::meta::OWNER_KIND_SHIFT
+        <= DIRTY
+);
 
 /// Store pages the stock keeps beyond those promised: the most one change
 /// may promise (an inode page, an entry page, a target page).
@@ -167,10 +183,15 @@ pub struct Store {
     loading: bool,
     data: Option<Area>,
     owners_at: u64,
-    /// Every data page's owner entry as the store should hold it.
+    /// Every data page's owner entry as the store should hold it, with
+    /// [`DIRTY`] set where it changed since the last retirement (one word
+    /// a page, so that a change to a page's owner touches one cache line).
     owners: Vec<u64>,
-    dirty_pages: Vec<u64>,
-    dirty_page_bits: Vec<u64>,
+    /// The owner-table pages with a changed entry, each listed once.
+    dirty_groups: Vec<u64>,
+    /// The cache lines with a changed entry in each owner-table page, a
+    /// bit each (64 of them to a page).
+    group_lines: Vec<u64>,
     /// Inode page of each table index (0: none; [`PENDING`]: promised).
     itable: Vec<u64>,
     /// Inodes of the index in each table index's range.
@@ -222,9 +243,9 @@ impl Store {
             enabled: true,
             data: Some(g.data),
             owners_at: g.owners.offset(),
-            owners: vec![0; g.data.pages as usize],
+            owners: crate::pages::page_table(g.data.pages as usize, 0),
             entry_idx: vec![u32::MAX; g.data.pages as usize],
-            dirty_page_bits: vec![0; (g.data.pages as usize).div_ceil(64)],
+            group_lines: vec![0; g.data.pages.div_ceil(OWNERS_PER_PAGE) as usize],
             classes: (1..=MAX_CELLS)
                 .map(|cells| Class {
                     cells,
@@ -233,6 +254,13 @@ impl Store {
                 .collect(),
             ..Store::default()
         }
+    }
+
+    /// Where the owner entries lie, for a thread that warms the cache
+    /// ahead of a commit (none without data pages). The owner vector is
+    /// never resized, so this holds while the store lives.
+    pub fn owner_addr(&self) -> Option<PageTableAddr> {
+        self.data.map(|d| PageTableAddr::of(&self.owners, d.start))
     }
 
     /// True if changes are noted (a namespace with an image behind it).
@@ -281,7 +309,7 @@ impl Store {
     /// True if a retirement now would write nothing.
     pub fn is_clean(&self) -> bool {
         self.dirty_inos.is_empty()
-            && self.dirty_pages.is_empty()
+            && self.dirty_groups.is_empty()
             && self.new_entries.is_empty()
             && self.freed_slots.is_empty()
     }
@@ -497,12 +525,28 @@ impl Store {
             return;
         }
         let i = p - data.start;
-        self.owners[i as usize] = o;
-        if !self.loading && set_bit(&mut self.dirty_page_bits, i) {
-            self.dirty_pages.push(i);
-            // A run of its own at most (a whole owner page is written only
-            // where that is less).
-            self.pending_bytes += OWNER_SIZE + WRITE;
+        let w = &mut self.owners[i as usize];
+        if self.loading {
+            *w = o;
+            return;
+        }
+        let was = *w;
+        *w = o | DIRTY;
+        if was & DIRTY == 0 {
+            let group = (i / OWNERS_PER_PAGE) as usize;
+            let line = 1u64 << ((i % OWNERS_PER_PAGE) / OWNERS_PER_LINE);
+            let lines = &mut self.group_lines[group];
+            if *lines == 0 {
+                self.dirty_groups.push(group as u64);
+            }
+            // Its cache line, until the page's lines would cost more than
+            // the whole page (which is then written instead).
+            if *lines & line == 0 {
+                if u64::from(lines.count_ones()) * OWNER_LINE_COST < OWNER_PAGE_COST {
+                    self.pending_bytes += OWNER_LINE_COST;
+                }
+                *lines |= line;
+            }
         }
     }
 
@@ -531,7 +575,7 @@ impl Store {
     fn owner(&self, p: u64) -> Option<Owner> {
         let data = self.data?;
         data.contains(p)
-            .then(|| Owner::decode(self.owners[(p - data.start) as usize]))
+            .then(|| Owner::decode(self.owners[(p - data.start) as usize] & !DIRTY))
             .flatten()
     }
 
@@ -798,21 +842,36 @@ pub fn retire(
     }
     dirty.clear();
     st.dirty_inos = dirty;
-    // Owner entries, in page order: the runs within an owner page, or the
-    // whole page where that is less.
-    let mut dirty = std::mem::take(&mut st.dirty_pages);
-    dirty.sort_unstable();
-    let mut i = 0;
-    while i < dirty.len() {
-        let group = dirty[i] / OWNERS_PER_PAGE;
-        let mut j = i;
-        while j < dirty.len() && dirty[j] / OWNERS_PER_PAGE == group {
-            j += 1;
-        }
+    // Owner entries, an owner page at a time in page order: the cache
+    // lines holding changed entries, in runs, or the whole page where that
+    // is less.
+    let mut groups = std::mem::take(&mut st.dirty_groups);
+    groups.sort_unstable();
+    let mut lines = Vec::with_capacity((OWNERS_PER_PAGE / OWNERS_PER_LINE) as usize);
+    for &group in &groups {
+        let mask = std::mem::take(&mut st.group_lines[group as usize]);
         let first = group * OWNERS_PER_PAGE;
         let end = (first + OWNERS_PER_PAGE).min(st.owners.len() as u64);
-        let runs = dirty[i..j].windows(2).filter(|w| w[1] != w[0] + 1).count() as u64 + 1;
+        lines.clear();
+        let mut n = 0;
+        let mut m = mask;
+        while m != 0 {
+            let line = first / OWNERS_PER_LINE + u64::from(m.trailing_zeros());
+            m &= m - 1;
+            lines.push(line);
+            let from = line * OWNERS_PER_LINE;
+            for w in &mut st.owners[from as usize..(from + OWNERS_PER_LINE).min(end) as usize] {
+                n += u64::from(*w & DIRTY != 0);
+                *w &= !DIRTY;
+            }
+        }
+        if n == 0 {
+            continue;
+        }
+        // A run starts at each marked line whose predecessor is not.
+        let runs = u64::from((mask & !(mask << 1)).count_ones());
         let mut put = |from: u64, to: u64| {
+            let (from, to) = (from.max(first), to.min(end));
             let buf = batch.put_with(
                 st.owners_at + from * OWNER_SIZE,
                 ((to - from) * OWNER_SIZE) as usize,
@@ -821,27 +880,26 @@ pub fn retire(
                 buf.extend_from_slice(&o.to_le_bytes());
             }
         };
-        if runs * WRITE + (j - i) as u64 * OWNER_SIZE > WRITE + (end - first) * OWNER_SIZE {
+        if runs * WRITE + lines.len() as u64 * 64 > OWNER_PAGE_COST {
             put(first, end);
         } else {
-            let mut a = i;
-            while a < j {
+            let mut a = 0;
+            while a < lines.len() {
                 let mut b = a + 1;
-                while b < j && dirty[b] == dirty[b - 1] + 1 {
+                while b < lines.len() && lines[b] == lines[b - 1] + 1 {
                     b += 1;
                 }
-                put(dirty[a], dirty[b - 1] + 1);
+                put(
+                    lines[a] * OWNERS_PER_LINE,
+                    (lines[b - 1] + 1) * OWNERS_PER_LINE,
+                );
                 a = b;
             }
         }
-        out.owners += (j - i) as u64;
-        i = j;
+        out.owners += n;
     }
-    for &d in &dirty {
-        st.dirty_page_bits[(d / 64) as usize] &= !(1 << (d % 64));
-    }
-    dirty.clear();
-    st.dirty_pages = dirty;
+    groups.clear();
+    st.dirty_groups = groups;
     // Everything promised was taken or is no longer needed.
     st.promised = 0;
     st.pending_bytes = 0;
@@ -902,17 +960,12 @@ pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
     // Given-up pages whose cleared owner entries are in the store now (and
     // that the store has not taken again).
     let data = st.data;
-    let dirty = &st.dirty_page_bits;
     let owners = &st.owners;
-    let (ready, later): (Vec<u64>, Vec<u64>) = st.released.drain(..).partition(|&p| {
-        data.is_some_and(|d| {
-            let i = p - d.start;
-            owners[i as usize] == 0
-                && dirty
-                    .get((i / 64) as usize)
-                    .is_none_or(|w| w & (1 << (i % 64)) == 0)
-        })
-    });
+    // (A word of 0: free, and not changed since the last retirement.)
+    let (ready, later): (Vec<u64>, Vec<u64>) = st
+        .released
+        .drain(..)
+        .partition(|&p| data.is_some_and(|d| owners[(p - d.start) as usize] == 0));
     st.released = later;
     for p in ready {
         pages.release_meta(p);

@@ -413,7 +413,7 @@ pub fn held_pages(ns: &Namespace) -> (Vec<u64>, Vec<u64>) {
     };
     for (i, &o) in st.owners.iter().enumerate() {
         let p = data.start + i as u64;
-        match Owner::decode(o) {
+        match Owner::decode(o & !super::DIRTY) {
             Some(Owner::Free) | None => {}
             Some(Owner::File { .. }) => files.push(p),
             Some(_) => store.push(p),
@@ -428,7 +428,7 @@ pub fn owner_of(ns: &Namespace, p: u64) -> Option<Owner> {
     let st = ns.store();
     let data = st.data?;
     data.contains(p)
-        .then(|| Owner::decode(st.owners[(p - data.start) as usize]))
+        .then(|| Owner::decode(st.owners[(p - data.start) as usize] & !super::DIRTY))
         .flatten()
 }
 

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use super::{Caller, Volume};
 use crate::intmap::IntMap;
 use crate::namespace::{now_ns, STAMP_LEAD};
-use crate::pages::{Holder, StateAddr};
+use crate::pages::{Holder, PageTableAddr};
 use crate::record::Record;
 
 /// Largest pool one grant hands out (16 MiB).
@@ -52,7 +52,9 @@ pub struct Warmer {
     /// The index, as Kfs maps it (the client's read-only view is another
     /// mapping of it, with other TLB entries).
     index: Arc<Shm>,
-    states: StateAddr,
+    states: PageTableAddr,
+    /// The store's owner entries (a replaced page's is cleared).
+    owners: Option<PageTableAddr>,
 }
 
 impl Warmer {
@@ -69,14 +71,17 @@ impl Warmer {
         Some(WarmEntry(at))
     }
 
-    /// Starts loading the state of the data page the entry at `entry`
-    /// names: the page a commit replaces. Best once [`Warmer::map`] had
-    /// time to load the entry.
+    /// Starts loading the state and the owner entry of the data page the
+    /// entry at `entry` names: the page a commit replaces. Best once
+    /// [`Warmer::map`] had time to load the entry.
     pub fn replaced(&self, entry: WarmEntry) {
         // Relaxed: a hint; Kfs reads the entry again under the lock.
         let e = self.index.load_u64(entry.0, Ordering::Relaxed);
         if e != 0 {
             self.states.prefetch(entry_page(e));
+            if let Some(owners) = &self.owners {
+                owners.prefetch(entry_page(e));
+            }
         }
     }
 }
@@ -922,6 +927,7 @@ impl Volume {
         Warmer {
             index: self.ns.arena().shm_handle(),
             states: self.pages.state_addr(),
+            owners: self.ns.store().owner_addr(),
         }
     }
 
