@@ -327,8 +327,8 @@ const DIRECT_HOUSEKEEPING: u64 = 256;
 
 /// Buckets of the directories' table doublings the Kfs thread migrates in
 /// a round of housekeeping while idle, before it polls again: about 100
-/// µs in a directory of millions of entries (75–110 µs on a busy 2-core
-/// machine), the most a request arriving meanwhile waits for. A doubling
+/// µs in a directory of millions of entries, the most a request arriving
+/// meanwhile waits for. A doubling
 /// to 2^23 buckets takes 16,384 rounds, under two seconds of idle time.
 pub const IDLE_GROW_STEP: u64 = 256;
 

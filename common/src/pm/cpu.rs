@@ -207,11 +207,9 @@ const _: () = assert!(COPY_OUT_MIN >= 32);
 /// either side. The C library's copy of larger blocks slows down two- to
 /// fivefold on some CPUs (this machine's among them) when the destination
 /// does not sit in its cache line where the source sits in its own, as an
-/// application's buffer often does not against a page: a 4 KiB copy out
-/// of a cold page into a buffer 16 bytes past a cache line took about
-/// 1000 ns through the C library and 590 ns with a C loop of these loads
-/// and stores, out of a cached page 290 ns and 80 ns; that loop cost the
-/// same at offsets 0, 1, 8 and 16, and aligned, both cost about the same.
+/// application's buffer often does not against a page. This loop costs
+/// the same at every offset, and about what the C library's copy costs
+/// where the two are aligned.
 ///
 /// # Safety
 ///

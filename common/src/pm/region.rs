@@ -698,10 +698,8 @@ impl RegionView {
     /// Asks the CPU to start loading the cache lines of `[offset, offset +
     /// len)`, and with them the page-table entries that map them for
     /// reads (a hint: nothing happens for a range outside the region).
-    /// Never inlined:
-    /// inlined into a read, the same prefetches ran slower (random 4 KiB
-    /// reads of a 256 MiB file: 1.70M against 1.88M ops/s, four runs
-    /// each), the read's next loads apparently queued behind them.
+    /// Never inlined: inlined into a read, the same prefetches made random
+    /// small reads slower, the read's next loads queued behind them.
     #[inline(never)]
     pub fn prefetch_range(&self, offset: u64, len: usize) {
         self.map.prefetch_range(offset, len)
