@@ -236,33 +236,61 @@ impl Namespace {
     }
 }
 
+/// How many entries ahead [`Namespace::load_dir`] asks for a name.
+const PREFETCH_AHEAD: usize = 16;
+
 /// One entry of a directory loaded whole (see [`Namespace::load_dir`]).
+/// Its name lies in a buffer shared by all the entries, so that the
+/// entries sort without touching the names.
 #[derive(Debug, Clone, Copy)]
-pub struct LoadedEntry<'a> {
+pub struct LoadedEntry {
+    /// The directory it is in (by inode number).
+    pub parent: u64,
     /// Its key hash ([`name_hash`] of the name).
     pub hash: u64,
-    /// Its name.
-    pub name: &'a [u8],
     /// The inode number it names.
     pub ino: u64,
     /// That inode, and its kind, as loaded (the caller looked them up).
     pub inode: u64,
-    #[allow(missing_docs)]
-    pub kind: Kind,
     /// Where the metadata store keeps its record ([`D_SLOT`]).
     pub slot: u64,
+    /// Where its name starts in the names buffer.
+    pub name_at: u32,
+    /// Its name's length.
+    pub name_len: u8,
+    #[allow(missing_docs)]
+    pub kind: Kind,
+}
+
+impl LoadedEntry {
+    /// Its name, out of `names` (empty where `names` does not hold it,
+    /// which no valid name is).
+    pub fn name<'a>(&self, names: &'a [u8]) -> &'a [u8] {
+        let at = self.name_at as usize;
+        names
+            .get(at..at + usize::from(self.name_len))
+            .unwrap_or(&[])
+    }
 }
 
 impl Namespace {
     /// Gives the empty directory `parent` (by inode number) all of its
-    /// entries at once, `entries` sorted by key (hash, then name): the
-    /// list is built in one pass, with a bucket table of the size the
-    /// entries call for, instead of one search and insertion each (how a
-    /// directory of millions of entries loads in seconds, not minutes).
-    /// Every entry's name and the keys' order are checked; a key that
-    /// comes twice is `EEXIST`, a directory named twice `EMLINK`. The
-    /// caller vouches for each entry's hash (the name's), inode and kind.
-    pub fn load_dir(&mut self, parent: u64, entries: &[LoadedEntry<'_>]) -> Result<(), Errno> {
+    /// entries at once, `entries` sorted by key (hash, then name), their
+    /// names in `names`: the list is built in one pass, with a bucket
+    /// table of the size the entries call for, instead of one search and
+    /// insertion each (how a directory of millions of entries loads in
+    /// seconds, not minutes). The keys' order and each entry's parent are
+    /// checked (a key that comes twice is `EEXIST`, a directory named
+    /// twice `EMLINK`). The caller vouches for each entry's name (checked
+    /// with [`check_name`]; in key order the names lie scattered, and a
+    /// second look at each would cost a cache miss), hash (the name's),
+    /// inode and kind.
+    pub fn load_dir(
+        &mut self,
+        parent: u64,
+        names: &[u8],
+        entries: &[LoadedEntry],
+    ) -> Result<(), Errno> {
         let dir = self.inode_of(parent)?;
         let r = self.arena.reader();
         if r.kind(dir) != Some(Kind::Dir) {
@@ -271,13 +299,19 @@ impl Namespace {
         if r.next(r.dir_head(dir)) != 0 && self.arena.get(dir + I_ENTRIES) > 0 {
             return Err(Errno::EEXIST);
         }
-        // Every check before anything changes. (The hashes are the
-        // caller's, computed from the names.)
+        // Every check before anything changes (names only where two
+        // hashes are equal).
         for (i, e) in entries.iter().enumerate() {
-            check_name(e.name)?;
-            debug_assert_eq!(e.hash, name_hash(e.name));
-            if i > 0 && (entries[i - 1].hash, entries[i - 1].name) >= (e.hash, e.name) {
-                return Err(Errno::EEXIST);
+            debug_assert!(check_name(e.name(names)).is_ok());
+            debug_assert_eq!(e.hash, name_hash(e.name(names)));
+            if e.parent != parent {
+                return Err(Errno::EINVAL);
+            }
+            if i > 0 {
+                let p = &entries[i - 1];
+                if p.hash > e.hash || (p.hash == e.hash && p.name(names) >= e.name(names)) {
+                    return Err(Errno::EEXIST);
+                }
             }
         }
         let n = entries.len() as u64;
@@ -305,8 +339,15 @@ impl Namespace {
         for b in (0..1u64 << bits).rev() {
             while k > 0 && bucket(entries[k - 1].hash, bits) == b {
                 k -= 1;
+                // The names lie scattered in key order: ask for one a few
+                // entries ahead, so that the cache misses overlap.
+                if let Some(ahead) = k.checked_sub(PREFETCH_AHEAD) {
+                    let at = entries[ahead].name_at as usize;
+                    kucofs_common::pm::prefetch(names.as_ptr() as usize + at);
+                }
                 let e = entries[k];
-                let node = self.new_entry_of(dir, e.hash, e.name, e.inode, e.ino, e.kind, next)?;
+                let name = e.name(names);
+                let node = self.new_entry_of(dir, e.hash, name, e.inode, e.ino, e.kind, next)?;
                 self.arena.put(node + D_SLOT, e.slot)?;
                 next = link(node, e.hash);
             }

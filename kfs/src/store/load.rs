@@ -9,11 +9,11 @@ use kucofs_common::format::meta::{
 };
 use kucofs_common::format::{Geometry, OWNER_SIZE, PAGE_SIZE};
 use kucofs_common::index::blockmap::MAX_FILE_SIZE;
-use kucofs_common::index::Kind;
+use kucofs_common::index::{check_name, Kind};
 
 use super::{slot_id, Store, StoreUse};
 use crate::intmap::IntMap;
-use crate::namespace::{Namespace, MAX_INODES, ROOT_INO};
+use crate::namespace::{LoadedEntry, Namespace, MAX_INODES, ROOT_INO};
 
 /// What [`load`] read.
 #[derive(Debug, Default, Clone, Copy)]
@@ -234,18 +234,13 @@ pub fn load(
     if targets.len() != ns.store().targets.len() {
         return Err("a target page belongs to no symlink".into());
     }
-    // Entries, page by page, gathered by directory and key, then each
-    // directory built in one pass.
-    struct Found {
-        parent: u64,
-        hash: u64,
-        ino: u64,
-        slot: u64,
-        kind: u8,
-        name: (u32, u8),
-    }
+    // Entries, page by page: each name checked and its inode looked up
+    // in the order the store holds them (which follows the order they
+    // were made in, as the inodes' numbers do, so the lookups mostly hit
+    // the cache); then sorted by directory and key, and each directory
+    // built in one pass.
     let slots: u64 = entry_pages.iter().map(|&(_, c)| slots_per_page(c)).sum();
-    let mut found: Vec<Found> = Vec::with_capacity(slots as usize);
+    let mut found: Vec<LoadedEntry> = Vec::with_capacity(slots as usize);
     let mut names: Vec<u8> = Vec::with_capacity(slots as usize * 16);
     for &(p, cells) in &entry_pages {
         if !read(p * PAGE_SIZE, &mut page) {
@@ -258,34 +253,14 @@ pub fn load(
             let rec = EntryRef::decode(&page[at..at + size], cells)
                 .map_err(|e| format!("entry slot {s} of data page {p}: {e}"))?;
             let Some(rec) = rec else { continue };
-            let at = u32::try_from(names.len()).map_err(|_| "too many names".to_string())?;
-            names.extend_from_slice(rec.name);
-            found.push(Found {
-                parent: rec.parent,
-                hash: kucofs_common::index::name_hash(rec.name),
-                ino: rec.ino,
-                slot: slot_id(p, s),
-                kind: rec.kind,
-                name: (at, rec.name.len() as u8),
-            });
-            used |= 1 << s;
-        }
-        ns.store_mut()
-            .add_entry_page(usize::from(cells) - 1, p, used);
-    }
-    let name_of = |f: &Found| &names[f.name.0 as usize..f.name.0 as usize + usize::from(f.name.1)];
-    found.sort_unstable_by(|a, b| {
-        (a.parent, a.hash)
-            .cmp(&(b.parent, b.hash))
-            .then_with(|| name_of(a).cmp(name_of(b)))
-    });
-    loaded.entries = found.len() as u64;
-    let mut batch = Vec::new();
-    for group in found.chunk_by(|a, b| a.parent == b.parent) {
-        let parent = group[0].parent;
-        batch.clear();
-        for f in group {
-            let at = slot_of(f.ino).filter(|_| f.ino != ROOT_INO);
+            let (parent, name) = (rec.parent, rec.name);
+            if check_name(name).is_err() {
+                return Err(format!(
+                    "entry slot {s} of data page {p}: {:?} is not a name a directory can hold",
+                    String::from_utf8_lossy(name)
+                ));
+            }
+            let at = slot_of(rec.ino).filter(|_| rec.ino != ROOT_INO);
             let (inode, kind) = at.map_or((0, 0), |(b, s)| {
                 let l = &mut blocks[b][s];
                 l.names += 1;
@@ -297,11 +272,11 @@ pub fn load(
                 }
             }
             let kind = Kind::from_byte(kind).filter(|_| inode != 0);
-            let Some(kind) = kind.filter(|k| k.to_byte() == f.kind) else {
+            let Some(kind) = kind.filter(|k| k.to_byte() == rec.kind) else {
                 return Err(format!(
                     "entry {:?} in directory {parent} names inode {}, {}",
-                    String::from_utf8_lossy(name_of(f)),
-                    f.ino,
+                    String::from_utf8_lossy(name),
+                    rec.ino,
                     if inode == 0 {
                         "which does not exist"
                     } else {
@@ -309,20 +284,36 @@ pub fn load(
                     }
                 ));
             };
-            batch.push(crate::namespace::LoadedEntry {
-                hash: f.hash,
-                name: name_of(f),
-                ino: f.ino,
+            let name_at = u32::try_from(names.len()).map_err(|_| "too many names".to_string())?;
+            names.extend_from_slice(name);
+            found.push(LoadedEntry {
+                parent,
+                hash: kucofs_common::index::name_hash(name),
+                ino: rec.ino,
                 inode,
+                slot: slot_id(p, s),
+                name_at,
+                name_len: name.len() as u8,
                 kind,
-                slot: f.slot,
             });
+            used |= 1 << s;
         }
-        ns.load_dir(parent, &batch)
+        ns.store_mut()
+            .add_entry_page(usize::from(cells) - 1, p, used);
+    }
+    found.sort_unstable_by(|a, b| {
+        (a.parent, a.hash)
+            .cmp(&(b.parent, b.hash))
+            .then_with(|| a.name(&names).cmp(b.name(&names)))
+    });
+    loaded.entries = found.len() as u64;
+    for group in found.chunk_by(|a, b| a.parent == b.parent) {
+        let parent = group[0].parent;
+        ns.load_dir(parent, &names, group)
             .map_err(|e| format!("the entries of directory {parent}: {e:?}"))?;
     }
-    drop(batch);
     drop(found);
+    drop(names);
     // Link counts: a file's or symlink's is its names (none for one that
     // was open when the file system went down, dropped below); a
     // directory's, 2 and one for each directory in it (`names` counted

@@ -1233,6 +1233,66 @@ fn an_inode_table_page_past_every_inode_number_is_refused() {
     );
 }
 
+/// Rewrites the store's entry record named `from` (in any directory) to
+/// name `to` (of the same length), with a checksum that matches, as a
+/// damaged or hostile image could.
+fn rename_entry_record(path: &std::path::Path, from: &[u8], to: &[u8]) {
+    use kucofs_common::format::meta::{encode_entry, slots_per_page, EntryRef, Owner, CELL};
+    use kucofs_common::format::{Superblock, PAGE_SIZE};
+    use std::os::unix::fs::FileExt;
+    assert_eq!(from.len(), to.len());
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut sb = vec![0u8; PAGE_SIZE as usize];
+    f.read_exact_at(&mut sb, 0).unwrap();
+    let g = Superblock::decode(&sb).unwrap().geometry;
+    let mut page = vec![0u8; PAGE_SIZE as usize];
+    for p in g.data.start..g.data.end() {
+        let mut w = [0u8; 8];
+        f.read_exact_at(&mut w, g.owner_offset(p)).unwrap();
+        let Some(Owner::Entries { cells }) = Owner::decode(u64::from_le_bytes(w)) else {
+            continue;
+        };
+        f.read_exact_at(&mut page, p * PAGE_SIZE).unwrap();
+        let size = CELL * usize::from(cells);
+        for s in 0..slots_per_page(cells) as usize {
+            let b = &page[s * size..(s + 1) * size];
+            let Some(e) = EntryRef::decode(b, cells).unwrap() else {
+                continue;
+            };
+            if e.name == from {
+                let mut out = Vec::new();
+                encode_entry(e.parent, e.ino, e.kind, to, &mut out);
+                f.write_all_at(&out, p * PAGE_SIZE + (s * size) as u64)
+                    .unwrap();
+                return;
+            }
+        }
+    }
+    panic!("no entry record names {from:?}");
+}
+
+/// A store whose entry records hold a name no directory can hold, or one
+/// name twice in a directory, is refused in a sentence at open.
+#[test]
+fn entry_records_with_a_bad_or_repeated_name_are_refused() {
+    for (to, why) in [
+        (&b"a/"[..], "\"a/\" is not a name a directory can hold"),
+        (&b"ab"[..], "EEXIST"),
+    ] {
+        let (_dir, path, mut v) = volume();
+        create(&mut v, "/ab", false);
+        create(&mut v, "/cd", false);
+        v.close().unwrap();
+        rename_entry_record(&path, b"cd", to);
+        let err = Volume::open(&path).unwrap_err().to_string();
+        assert!(err.contains(why), "{err}");
+    }
+}
+
 /// A user's files carry bytes the user chose into a retirement's batch
 /// (times, names). Times set to a log entry header of a far sequence,
 /// keyed as one who does not know the image's uuid would key it, end up
