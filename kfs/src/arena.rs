@@ -288,15 +288,22 @@ impl Arena {
             .map_err(|_| Errno::ENOMEM)
     }
 
-    /// Marks an item removed: it stays readable for readers that reached it,
-    /// but no request may name it any more. It is reused after the grace
-    /// period of the current epoch.
-    pub fn retire(&mut self, off: u64) -> Result<(), Errno> {
+    /// Marks an item removed, as [`Arena::retire`] does, but keeps it from
+    /// reuse until it is retired (which may come later, and again marks
+    /// it).
+    pub fn mark_dead(&mut self, off: u64) -> Result<(), Errno> {
         let h = self.get(off);
         self.put(
             off,
             header(header_tag(h) | TAG_DEAD, header_class(h), header_gen(h)),
-        )?;
+        )
+    }
+
+    /// Marks an item removed: it stays readable for readers that reached it,
+    /// but no request may name it any more. It is reused after the grace
+    /// period of the current epoch.
+    pub fn retire(&mut self, off: u64) -> Result<(), Errno> {
+        self.mark_dead(off)?;
         let epoch = self.get(HDR_EPOCH);
         self.retired.push_back((epoch, off));
         Ok(())

@@ -103,6 +103,9 @@ pub struct Namespace {
     store: Store,
     /// Directories' bucket tables being doubled.
     doublings: grow::Doublings,
+    /// Removed directories whose lists are being retired a step at a
+    /// time (see [`Namespace::dismantle_step`]).
+    dismantling: Vec<dir::Dismantling>,
 }
 
 /// The latest stamp of any namespace this process has dropped: a file
@@ -200,6 +203,7 @@ impl Namespace {
             last_stamp: DROPPED_STAMP.load(Ordering::Relaxed),
             store: Store::default(),
             doublings: grow::Doublings::default(),
+            dismantling: Vec::new(),
         };
         let root_inode = ns.new_inode(
             ROOT_INO,
@@ -498,7 +502,13 @@ impl Namespace {
             _ => {}
         }
         self.itable_set(ino, 0)?;
-        self.arena.retire(inode)?;
+        if kind == Some(Kind::Dir) {
+            // Dead now, but kept from reuse until its list is retired
+            // (whose nodes name it).
+            self.arena.mark_dead(inode)?;
+        } else {
+            self.arena.retire(inode)?;
+        }
         self.free_inos.push(ino);
         self.store.inode_dropped(ino);
         Ok(())
@@ -1273,7 +1283,7 @@ mod dir;
 mod grow;
 mod map;
 
-pub use dir::LoadedEntry;
+pub use dir::{LoadedEntry, DISMANTLE_STEP};
 pub use grow::GROW_STEP;
 
 #[cfg(test)]

@@ -64,6 +64,14 @@ pub const STOCK_AHEAD: u64 = 3;
 /// Bytes a batch write costs beyond its data (its header).
 const WRITE: u64 = BATCH_WRITE_HEAD as u64;
 
+/// Writes of store records after which a retirement is due, whatever
+/// their bytes. Each is a store into a cache line the retirement has
+/// not touched (a record's place in the store), and cold lines, not
+/// bytes, make most of a retirement's time and so Kfs's longest pause:
+/// a batch of removals is a few bytes a record. A few milliseconds of
+/// writes.
+pub const RETIRE_WRITES: u64 = 8192;
+
 /// Where a directory entry's record lies: its page and slot, as the
 /// index's entries carry it ([`D_SLOT`]).
 fn slot_id(page: u64, slot: u64) -> u64 {
@@ -221,6 +229,8 @@ pub struct Store {
     /// An upper bound on the bytes of the batch a retirement now would
     /// write (so that it is made before the log cannot hold it).
     pending_bytes: u64,
+    /// An upper bound on its writes.
+    pending_writes: u64,
 }
 
 #[inline]
@@ -306,6 +316,20 @@ impl Store {
         self.pending_bytes
     }
 
+    /// An upper bound on the writes of the batch a retirement now would
+    /// make (see [`RETIRE_WRITES`]).
+    pub fn pending_writes(&self) -> u64 {
+        self.pending_writes
+    }
+
+    /// Counts a write of `bytes` (at most) in the coming batch, `writes`
+    /// writes in all.
+    #[inline]
+    fn charge(&mut self, bytes: u64, writes: u64) {
+        self.pending_bytes += bytes;
+        self.pending_writes += writes;
+    }
+
     /// True if a retirement now would write nothing.
     pub fn is_clean(&self) -> bool {
         self.dirty_inos.is_empty()
@@ -389,7 +413,7 @@ impl Store {
     /// an owner entry.
     fn promise(&mut self, n: u64) {
         self.promised += n;
-        self.pending_bytes += n * (2 * WRITE + OWNER_SIZE);
+        self.charge(n * (2 * WRITE + OWNER_SIZE), 2 * n);
     }
 
     /// Free inode slots of table index `k`'s page, if it has one.
@@ -408,7 +432,7 @@ impl Store {
     pub fn inode_changed(&mut self, ino: u64) {
         if self.enabled && !self.loading && set_bit(&mut self.dirty_ino_bits, ino) {
             self.dirty_inos.push(ino);
-            self.pending_bytes += INODE_RECORD as u64 + WRITE;
+            self.charge(INODE_RECORD as u64 + WRITE, 1);
         }
     }
 
@@ -438,7 +462,7 @@ impl Store {
             // Written once, when its page is taken: targets never change.
             self.targets.insert(ino, 0);
             self.promise(1);
-            self.pending_bytes += target_len as u64 + WRITE;
+            self.charge(target_len as u64 + WRITE, 1);
         }
         self.inode_changed(ino);
     }
@@ -477,7 +501,7 @@ impl Store {
         }
         self.classes[ci].avail -= 1;
         self.new_entries.push(node);
-        self.pending_bytes += (CELL * usize::from(cells_for(name_len))) as u64 + WRITE;
+        self.charge((CELL * usize::from(cells_for(name_len))) as u64 + WRITE, 1);
     }
 
     /// The index entry whose store slot is `slot` (0 if it had none yet),
@@ -492,7 +516,7 @@ impl Store {
             self.classes[usize::from(cells_for(name_len)) - 1].avail += 1;
         } else {
             self.freed_slots.push(slot);
-            self.pending_bytes += WRITE;
+            self.charge(WRITE, 1);
         }
     }
 
@@ -544,6 +568,7 @@ impl Store {
             if *lines & line == 0 {
                 if u64::from(lines.count_ones()) * OWNER_LINE_COST < OWNER_PAGE_COST {
                     self.pending_bytes += OWNER_LINE_COST;
+                    self.pending_writes += 1;
                 }
                 *lines |= line;
             }
@@ -903,6 +928,7 @@ pub fn retire(
     // Everything promised was taken or is no longer needed.
     st.promised = 0;
     st.pending_bytes = 0;
+    st.pending_writes = 0;
     *ns.store_mut() = st;
     debug_assert!(batch.bytes().len() as u64 <= room);
     Ok(out)

@@ -189,10 +189,14 @@ impl Volume {
     }
 
     /// Advances the directories' table doublings under way by at most
-    /// `buckets` buckets (see [`Namespace::grow_step`]); true if one is
-    /// still under way.
+    /// `buckets` buckets (see [`Namespace::grow_step`]), and the retiring
+    /// of removed directories' lists by twice as many nodes
+    /// ([`Namespace::dismantle_step`]); true if either is still under way.
     pub fn grow_step(&mut self, buckets: u64) -> bool {
-        self.ns.grow_step(buckets)
+        let growing = self.ns.grow_step(buckets);
+        // Retiring a sentinel (a cache miss) costs about half what
+        // migrating a bucket does.
+        growing | self.ns.dismantle_step(2 * buckets).unwrap_or(false)
     }
 
     /// Frees index items and data pages that no client thread can still
@@ -382,7 +386,10 @@ impl Volume {
     /// for reach [`Geometry::retire_bytes`](kucofs_common::format::Geometry::retire_bytes).
     fn maybe_checkpoint(&mut self) {
         let due = self.image.superblock().geometry.retire_bytes();
-        if self.log.fill() + self.ns.store().pending_bytes() >= due {
+        let st = self.ns.store();
+        if self.log.fill() + st.pending_bytes() >= due
+            || st.pending_writes() >= crate::store::RETIRE_WRITES
+        {
             // Best effort: a retirement that fails changes nothing, and
             // the next change tries again before the log could not take
             // the retirement's batch.
@@ -403,6 +410,8 @@ impl Volume {
         let reply = self.ns.commit(p)?;
         // An unlink or rename may have dropped a file and its pages.
         self.retire_replaced();
+        // A failed step has dropped what it could not do, never the change.
+        let _ = self.ns.dismantle_step(crate::namespace::DISMANTLE_STEP);
         self.maybe_checkpoint();
         Ok(reply)
     }

@@ -42,26 +42,62 @@ impl Namespace {
         a.put(dir + I_BUCKETS, table)
     }
 
-    /// Retires an empty directory's head, sentinels and table.
+    /// Starts retiring an empty directory's list: its doubling under way
+    /// is dropped now, and its sentinels, table and head, and the
+    /// directory's inode (marked dead by the caller), go a step at a time
+    /// ([`Namespace::dismantle_step`]): a directory that held millions of
+    /// entries has millions of sentinels, too many to retire in one
+    /// request.
     pub(super) fn drop_dir_list(&mut self, dir: u64) -> Result<(), Errno> {
-        let r = self.arena.reader();
-        let head = r.dir_head(dir);
-        let mut markers = Vec::new();
-        let mut x = r.next(head);
-        while x != 0 {
-            if !r.is_marker(x) {
-                return Err(Errno::ENOTEMPTY);
-            }
-            markers.push(x);
-            x = r.next(x);
-        }
-        let table = self.arena.get(dir + I_BUCKETS);
-        for m in markers {
-            self.arena.retire(m)?;
+        if self.arena.get(dir + I_ENTRIES) != 0 {
+            return Err(Errno::ENOTEMPTY);
         }
         self.abandon_doubling(dir)?;
-        self.arena.retire(table)?;
-        self.arena.retire(head)
+        let r = self.arena.reader();
+        let next = r.next(r.dir_head(dir));
+        self.dismantling.push(Dismantling { dir, next });
+        Ok(())
+    }
+
+    /// Retires up to `budget` nodes of removed directories' lists, and
+    /// each list's table, head and inode after its last node; true if any
+    /// remain. Each change makes a step ([`DISMANTLE_STEP`]), and Kfs
+    /// makes more while idle. Until a directory's inode is retired it is
+    /// not reused, so that no live directory is named by the nodes still
+    /// waiting (a hint naming one is refused as another directory's).
+    pub fn dismantle_step(&mut self, mut budget: u64) -> Result<bool, Errno> {
+        while let Some(&Dismantling { dir, mut next }) = self.dismantling.last() {
+            while next != 0 && budget > 0 {
+                let r = self.arena.reader();
+                let x = next;
+                if !r.is_marker(x) {
+                    // An entry in a list whose directory held none: the
+                    // count and the list disagree. The rest is left
+                    // unreclaimed rather than retried at every step.
+                    self.dismantling.pop();
+                    return Err(Errno::EIO);
+                }
+                next = r.next(x);
+                self.arena.retire(x)?;
+                budget -= 1;
+            }
+            if next != 0 {
+                if let Some(d) = self.dismantling.last_mut() {
+                    d.next = next;
+                }
+                return Ok(true);
+            }
+            self.dismantling.pop();
+            let head = self.arena.reader().dir_head(dir);
+            let table = self.arena.get(dir + I_BUCKETS);
+            self.arena.retire(table)?;
+            self.arena.retire(head)?;
+            self.arena.retire(dir)?;
+            if budget == 0 {
+                break;
+            }
+        }
+        Ok(!self.dismantling.is_empty())
     }
 
     /// True if `node` is a live node of `dir`'s list (entry, sentinel or
@@ -234,6 +270,19 @@ impl Namespace {
         self.entry_gone(node);
         self.arena.retire(node)
     }
+}
+
+/// Sentinels of removed directories each change retires (a cache miss
+/// each).
+pub const DISMANTLE_STEP: u64 = 16;
+
+/// A removed directory whose list is being retired.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dismantling {
+    /// The directory's inode (dead, not yet retired).
+    dir: u64,
+    /// The next node of its list to retire (0 once all are).
+    next: u64,
 }
 
 /// How many entries ahead [`Namespace::load_dir`] asks for a name.

@@ -1233,6 +1233,39 @@ fn an_inode_table_page_past_every_inode_number_is_refused() {
     );
 }
 
+/// Removals log few bytes each but a record write each in the store; a
+/// retirement comes after at most [`crate::store::RETIRE_WRITES`] of
+/// them, long before their bytes would call for one, so that its time
+/// (Kfs's longest pause) stays bounded.
+#[test]
+fn a_retirement_comes_after_a_bounded_number_of_record_writes() {
+    let (_dir, _path, mut v) = sparse_volume_of(8 << 30);
+    let n = 30_000;
+    for i in 0..n {
+        assert_eq!(create(&mut v, &format!("/f{i}"), false).errno, 0);
+    }
+    v.checkpoint().unwrap();
+    let before = v.retirements().count;
+    let mut most = 0;
+    for i in 0..n {
+        let path = format!("/f{i}");
+        let req = Request::Unlink {
+            path: path.as_bytes(),
+            rmdir: false,
+            hint: None,
+        };
+        assert_eq!(v.handle(&req, ME).errno, 0);
+        most = most.max(v.ns.store().pending_writes());
+    }
+    assert!(most < crate::store::RETIRE_WRITES, "{most} writes pending");
+    let retired = v.retirements().count - before;
+    // Two writes a removal (the inode's record and the entry's).
+    assert!(
+        retired >= 2 * n / crate::store::RETIRE_WRITES,
+        "{retired} retirements"
+    );
+}
+
 /// Rewrites the store's entry record named `from` (in any directory) to
 /// name `to` (of the same length), with a checksum that matches, as a
 /// damaged or hostile image could.
