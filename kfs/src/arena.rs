@@ -15,6 +15,11 @@ use kucofs_common::Errno;
 pub const INDEX_RESERVE: u64 = 64 << 30;
 // Every offset in the index fits a directory link's offset bits.
 const _: () = assert!(INDEX_RESERVE <= 1 << kucofs_common::index::layout::LINK_NODE_BITS);
+/// Free items of a class sorted at a time for reuse, lowest address first
+/// (about a millisecond of sorting): after millions of removals, sorting
+/// them all would stop the allocation that needs one for a quarter of a
+/// second.
+const REFILL: usize = 32 << 10;
 /// Step by which the memfd grows.
 const GROW_STEP: u64 = 64 << 20;
 /// Pages are allocated ahead of the allocation pointer, in one call,
@@ -82,8 +87,8 @@ pub struct Arena {
     /// Free items by size class in descending address order: allocation
     /// takes from here, lowest address first, so reused items lie together
     /// as fresh ones do (freed ones come back in scattered order, and
-    /// scattered items cost a cache miss each). Refilled by sorting `free`
-    /// when empty.
+    /// scattered items cost a cache miss each). Refilled when empty by
+    /// sorting at most [`REFILL`] of `free`.
     ordered: Vec<Vec<u64>>,
     /// Removed items waiting for their grace period: (epoch, offset).
     retired: VecDeque<(u64, u64)>,
@@ -218,8 +223,10 @@ impl Arena {
         let bytes = class_size(class);
         let c = class as usize;
         if self.ordered[c].is_empty() && !self.free[c].is_empty() {
-            std::mem::swap(&mut self.ordered[c], &mut self.free[c]);
-            self.ordered[c].sort_unstable_by(|a, b| b.cmp(a));
+            let free = &mut self.free[c];
+            let mut some = free.split_off(free.len().saturating_sub(REFILL));
+            some.sort_unstable_by(|a, b| b.cmp(a));
+            self.ordered[c] = some;
         }
         let (off, gen) = match self.ordered[c].pop() {
             Some(off) => {

@@ -64,13 +64,14 @@ pub const STOCK_AHEAD: u64 = 3;
 /// Bytes a batch write costs beyond its data (its header).
 const WRITE: u64 = BATCH_WRITE_HEAD as u64;
 
-/// Writes of store records after which a retirement is due, whatever
-/// their bytes. Each is a store into a cache line the retirement has
-/// not touched (a record's place in the store), and cold lines, not
-/// bytes, make most of a retirement's time and so Kfs's longest pause:
-/// a batch of removals is a few bytes a record. A few milliseconds of
-/// writes.
-pub const RETIRE_WRITES: u64 = 8192;
+/// Writes of inode, entry and target records after which a retirement
+/// is due, whatever their bytes. Each lands on a cache line of the store
+/// the retirement has not touched, and those lines, not the bytes, make
+/// most of a retirement's time and so Kfs's longest pause: a batch of
+/// removals is a few bytes a record. (Owner entries are counted by their
+/// bytes alone: they lie together in the owner table, a cache line holds
+/// eight, and a retirement writes them a run of lines at a time.)
+pub const RETIRE_WRITES: u64 = 4096;
 
 /// Where a directory entry's record lies: its page and slot, as the
 /// index's entries carry it ([`D_SLOT`]).
@@ -316,8 +317,8 @@ impl Store {
         self.pending_bytes
     }
 
-    /// An upper bound on the writes of the batch a retirement now would
-    /// make (see [`RETIRE_WRITES`]).
+    /// An upper bound on the record writes of the batch a retirement now
+    /// would make (see [`RETIRE_WRITES`]).
     pub fn pending_writes(&self) -> u64 {
         self.pending_writes
     }
@@ -568,7 +569,6 @@ impl Store {
             if *lines & line == 0 {
                 if u64::from(lines.count_ones()) * OWNER_LINE_COST < OWNER_PAGE_COST {
                     self.pending_bytes += OWNER_LINE_COST;
-                    self.pending_writes += 1;
                 }
                 *lines |= line;
             }
