@@ -15,7 +15,9 @@ mod explore;
 #[command(
     name = "kucofs",
     version,
-    about = "A user-space persistent-memory file system"
+    about = "A user-space persistent-memory file system",
+    after_help = "Exit status: 0 success; 1 failure (the reason on stderr, one sentence); \
+2 usage error; 4 fsck found the image damaged (the problems on stdout)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -57,7 +59,11 @@ enum Command {
     Crashtest(explore::Args),
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+/// `kucofs fsck`'s exit status for an image it found damaged (as e2fsck's
+/// "errors left uncorrected"), told apart from a check that could not run.
+const DAMAGED: u8 = 4;
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Mkfs {
             image,
@@ -91,21 +97,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let report = kucofs_kfs::fsck(&image).context("fsck")?;
             print!("{report}");
             if !report.problems.is_empty() {
-                anyhow::bail!(
-                    "fsck: {} has {} problems (listed above)",
+                eprintln!(
+                    "kucofs: fsck: {} has {} problems (listed above)",
                     image.display(),
                     report.problems.len()
                 );
+                return Ok(ExitCode::from(DAMAGED));
             }
         }
         Command::Crashtest(args) => explore::run(args)?,
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
+    // A closed pipe ends the command quietly, as it does a Unix tool
+    // (`kucofs info IMAGE | head -1`): Rust ignores SIGPIPE, and printing
+    // to the closed pipe would panic instead.
+    // SAFETY: restoring a signal's default disposition at the start of
+    // main, before any thread exists, races with nothing and installs no
+    // handler.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             // Each layer names what it was doing; `{:#}` joins them into one
             // sentence ("mkfs /dev/shm/a.img: a size of ... is smaller ...").

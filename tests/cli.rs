@@ -184,7 +184,7 @@ fn fsck_passes_a_fresh_image_and_lists_damage() {
     .unwrap();
     f.write_all_at(&[0xee], 4096 + 100).unwrap();
     let o = kucofs(&["fsck", p(&img)]);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
     let out = stdout(&o);
     assert!(out.contains("superblock copy B is damaged"), "{out}");
     assert!(
@@ -244,7 +244,7 @@ fn a_damaged_log_entry_is_told_from_a_torn_end() {
     // after it.
     flip(log);
     let o = kucofs(&["fsck", p(&img)]);
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
     let out = stdout(&o);
     assert!(
         out.contains("is damaged, and 3 acknowledged entries follow it"),
@@ -304,4 +304,36 @@ fn crashtest_in_two_processes_counts_what_one_does() {
     let one = count("1");
     assert!(one.starts_with("crash states: ") && one.ends_with(" checked, 0 violations"));
     assert_eq!(count("2"), one);
+}
+
+/// A closed pipe ends a command quietly, as it does a Unix tool
+/// (`kucofs info IMAGE | head -1`): no panic and no message.
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    use std::process::Stdio;
+    let dir = shm_dir();
+    let img = dir.path().join("pipe.img");
+    assert!(kucofs(&["mkfs", p(&img), "--size", "8M"]).status.success());
+    let mut child = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
+        .args(["info", p(&img)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kucofs");
+    // The reader goes away before the command prints (it has an image to
+    // open first), as `head` does after its lines.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.is_empty(), "{err}");
+    assert_ne!(o.status.code(), Some(101), "{o:?}");
+}
+
+/// Usage errors exit with 2, failures with 1, each with a sentence.
+#[test]
+fn exit_statuses_tell_usage_from_failure() {
+    let o = kucofs(&["mkfs"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let o = kucofs(&["info", "/nonexistent/kucofs.img"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
 }
