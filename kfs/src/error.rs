@@ -35,6 +35,16 @@ pub enum Error {
     /// Recovery could not rebuild the file system from checkpoint and log.
     #[error("recovering {path} failed: {why} (run kucofs fsck for details)")]
     Recovery { path: PathBuf, why: String },
+    /// The Kfs thread serving an image could not be started.
+    #[error("could not start the Kfs thread for {path}: {cause}")]
+    ThreadStart {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    /// The Kfs thread serving an image panicked; what it had not made
+    /// durable is recovered from the log at the next open.
+    #[error("the Kfs thread serving {path} panicked; open the image again to recover it")]
+    ThreadPanicked { path: PathBuf },
     /// The image is shorter than the geometry its superblock describes.
     #[error("{path} holds {len} bytes, but its superblock describes a {needed}-byte file system (was the image truncated?)")]
     TooShort {
@@ -55,9 +65,11 @@ impl Error {
             Error::NotKucofs { .. }
             | Error::UnsupportedVersion { .. }
             | Error::UnsupportedFeatures { .. } => libc::EINVAL,
-            Error::BothCorrupt { .. } | Error::TooShort { .. } | Error::Recovery { .. } => {
-                libc::EIO
-            }
+            Error::BothCorrupt { .. }
+            | Error::TooShort { .. }
+            | Error::Recovery { .. }
+            | Error::ThreadPanicked { .. } => libc::EIO,
+            Error::ThreadStart { cause, .. } => cause.raw_os_error().unwrap_or(libc::EAGAIN),
         }
     }
 }

@@ -280,6 +280,8 @@ pub struct Kfs {
     nudge: Arc<Nudge>,
     /// The volume's [protection order](Volume::protection_order).
     order: Arc<Mutex<()>>,
+    /// The image's path, for errors.
+    path: std::path::PathBuf,
 }
 
 /// The volume, locked by whoever applies requests (the Kfs thread, or a
@@ -480,6 +482,7 @@ impl Kfs {
             })),
         });
         let order = volume.protection_order();
+        let path = volume.image().region().path().to_path_buf();
         let shared: Shared = Arc::new(Mutex::new(Some(volume)));
         let io = Error::Region;
         let bell = doorbell.map_again().map_err(io)?;
@@ -520,12 +523,9 @@ impl Kfs {
                         None => Ok(()),
                     }
                 })
-                .map_err(|e| {
-                    Error::Region(kucofs_common::Error::Io {
-                        action: "start the Kfs thread for",
-                        path: "image".into(),
-                        cause: e,
-                    })
+                .map_err(|cause| Error::ThreadStart {
+                    path: path.clone(),
+                    cause,
                 })?
         };
         Ok(Kfs {
@@ -541,6 +541,7 @@ impl Kfs {
             volume: shared,
             nudge,
             order,
+            path,
         })
     }
 
@@ -660,10 +661,9 @@ impl Kfs {
         self.doorbell.wake();
         match self.thread.take() {
             Some(t) => t.join().unwrap_or_else(|_| {
-                Err(Error::Region(kucofs_common::Error::Unusable {
-                    path: "kfs".into(),
-                    why: "the Kfs thread panicked".into(),
-                }))
+                Err(Error::ThreadPanicked {
+                    path: self.path.clone(),
+                })
             }),
             None => Ok(()),
         }
