@@ -29,12 +29,10 @@
 //! at once when asked (see [`Behind`]): a chunk made huge under a writer
 //! unmaps the writer's pages, and on a fresh image, making chunks huge as
 //! fast as the writers outran provisioning kept the Kfs thread busy
-//! clearing memory and the writer faulting: random 4 KiB overwrites of a
-//! 256 MiB file under batched protection made 0.31× tmpfs in a first
-//! round, against 0.89× with huge pages off. Made behind, they are level
-//! with huge pages off on a fresh image (four alternating single runs
-//! each: 1.45–1.59× and 1.28–1.62×), and random reads of the file, made
-//! huge once written, went from 2.30–2.50× to 2.57–2.84× (three each).
+//! clearing memory and the writer faulting, several times slower than
+//! with huge pages off. Made behind, random overwrites run as fast as
+//! with huge pages off, and reads of the chunks, huge once written, gain
+//! from the fewer TLB misses.
 //!
 //! A chunk the kernel would not make huge when asked, for a reason of the
 //! moment (no huge page free, a page of it busy), is asked for again once
@@ -53,15 +51,11 @@
 //! file system under the image has no room for would kill the process;
 //! a failed reservation is left to the grant of those pages, which fails
 //! with `ENOSPC`. Reserving alone is not enough: tmpfs clears a page at
-//! its first fault, so the writer paid for the clear (fresh-image RNDWR
-//! on a sparse image, run beside a reserved one: 0.13× tmpfs reserving
-//! only, 0.88–1.07× touching too; 1.42–1.49× alone). A reserved image
-//! (the default) was allocated and cleared when it was made, and
+//! its first fault, so the writer would pay for the clear. A reserved
+//! image (the default) was allocated and cleared when it was made, and
 //! nothing is done for its data pages, which reading a byte of each
-//! through Kfs's own mapping would only map there. (Measured before
-//! reserved images were cleared when made, so that the touch still
-//! cleared them, fresh-image RNDWR made 1.46–1.73× tmpfs with the touch
-//! and 1.73–1.87× without, four alternating runs each.)
+//! through Kfs's own mapping would only map there, at a cost to the
+//! writers and no gain.
 //! The log's pages ahead are read a byte each through Kfs's own mapping
 //! ([`Region::prefault`]) rather than populated in one system call:
 //! populating holds the process's memory-map lock, and in the same

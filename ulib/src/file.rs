@@ -199,13 +199,9 @@ pub struct File {
 /// number plus one offset, the *shift*. A read records the shift of the
 /// page it found; the next read prefetches only if two reads in a row
 /// found the same shift, so a file scattered by random overwrites costs
-/// its reads no useless loads. Measured on RNDRD (4 KiB reads of a 256
-/// MiB file, one thread, four runs each): 1.55M ops/s without, 1.88M
-/// with the prefetch alone (of the first 256 bytes, which beat 64 bytes
-/// (1.8M) and more: 1 KiB 1.8M, the whole page 1.35M, its loads
-/// apparently queued ahead of the map's); copying from the guess as well,
-/// 2.13M against 2.03M (five runs each). Without the prefetch, that copy
-/// made 1.96M.
+/// its reads no useless loads. The prefetch covers the first 256 bytes of
+/// the page: fewer left the copy waiting, more (up to the whole page)
+/// queued their loads ahead of the block map's and made reads slower.
 struct Layout;
 
 impl Layout {

@@ -49,10 +49,8 @@ impl fmt::Display for MapMode {
 /// touch of a page the file system holding the image has no room for
 /// kills the toucher (`SIGBUS`) rather than failing. Memory allocated
 /// with `fallocate` is still cleared at its first touch; on a virtual
-/// machine, memory the guest never touched costs a trip to the host too
-/// (random 4 KiB overwrites of a fresh file on the second of several
-/// images in one process: 0.14× tmpfs with the images only allocated,
-/// 1.75× with them allocated and cleared when made).
+/// machine, memory the guest never touched costs a trip to the host too,
+/// many times what the write that touches it costs otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Space {
     /// All of it when the image is made (`fallocate`), and cleared then:

@@ -12,9 +12,9 @@
 //! writes, or once they pause: `ServerConfig::huge_ahead`; by default the
 //! library's choice, ahead under `keys`), `size=SIZE` (the image's size,
 //! default 4G, reserved as `Fs::create` reserves it: all of its memory
-//! allocated and cleared when it is made; on a 2 GiB image two random
-//! overwriters of 256 MiB files ran at 0.15× tmpfs, 3 GiB 0.80×: their
-//! grants, each a protection change, averaged about ten pages), `sparse` (the
+//! allocated and cleared when it is made; an image with little free
+//! space left leaves random overwriters grants of a few pages each, each
+//! a protection change), `sparse` (the
 //! image's data pages take memory as they are granted instead:
 //! `Fs::create_sparse`), `image=PATH` (where to make it).
 
