@@ -528,8 +528,9 @@ impl Fs {
         self.stop(false)
     }
 
-    /// Stops as a crash would: no checkpoint, no clean flag; the next open
-    /// recovers from the log. For crash tests.
+    /// Stops as a crash would: no retirement of the log, no clean flag;
+    /// the next open recovers from the log. For crash tests. Embedded
+    /// only: it stops the Kfs running in this process.
     pub fn simulate_crash(self) {
         let _ = self.stop(true);
     }
@@ -549,11 +550,12 @@ impl Fs {
         }
     }
 
-    /// Writes a checkpoint now, if anything changed since the last one:
-    /// recovery then has nothing to replay. Kfs also checkpoints on its
-    /// own when the log fills and when it has been idle for a while; this
-    /// is for a caller that wants that work done at a time of its
-    /// choosing.
+    /// Retires the log into the metadata store now, if anything changed
+    /// since the last retirement: recovery then has nothing to replay.
+    /// Kfs also retires on its own as the log fills and when it has been
+    /// idle for a while; this is for a caller that wants that work done
+    /// at a time of its choosing. Embedded only: it acts on the Kfs
+    /// running in this process.
     pub fn checkpoint(&self) -> io::Result<()> {
         self.with_kfs(|k| k.checkpoint().map(drop))
     }
@@ -565,7 +567,8 @@ impl Fs {
     /// it put in small pages) and a checkpoint. Kfs does this work on its
     /// own thread while idle, beside the application; this is for a caller
     /// that wants it over before a phase of its choosing, such as a
-    /// benchmark's timed run after its setup wrote the files.
+    /// benchmark's timed run after its setup wrote the files. Embedded
+    /// only: the work runs on the calling thread.
     pub fn settle(&self) -> io::Result<()> {
         self.with_kfs(|k| {
             k.provision();
@@ -575,7 +578,8 @@ impl Fs {
 
     /// Bytes of the image and of the index that huge pages hold, with
     /// [`ServerConfig::huge_pages`](kucofs_kfs::ServerConfig::huge_pages)
-    /// on (zero with it off, or where the kernel makes none).
+    /// on (zero with it off, or where the kernel makes none). Embedded
+    /// only.
     pub fn huge_page_bytes(&self) -> io::Result<u64> {
         self.with_kfs(|k| k.huge_bytes().ok_or(Errno::ENOTCONN))
     }
@@ -589,12 +593,15 @@ impl Fs {
     }
 
     /// Kfs's counters (requests served, mean service time per type).
+    /// Embedded only: `None` for a Kfs that is not in this process, or
+    /// once it has stopped.
     pub fn kfs_stats(&self) -> Option<StatsSnapshot> {
         self.inner.kfs.lock().as_ref().map(|k| k.stats())
     }
 
     /// The longest time Kfs served nothing else since the last call (see
-    /// `Kfs::take_longest_pause`); `None` once it has stopped.
+    /// `Kfs::take_longest_pause`); `None` once it has stopped. Embedded
+    /// only.
     pub fn take_longest_pause(&self) -> Option<std::time::Duration> {
         self.inner
             .kfs
