@@ -386,7 +386,7 @@ fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
                     a.ino
                 ));
             }
-            let named = crate::store::owner_of(ns, p);
+            let named = ns.store().owner(p);
             if named
                 != Some(Owner::File {
                     ino: a.ino,
@@ -413,7 +413,7 @@ fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
     }
     let mut strays = 0u64;
     for p in g.data.start..g.data.end() {
-        if let Some(Owner::File { .. }) = crate::store::owner_of(ns, p) {
+        if let Some(Owner::File { .. }) = ns.store().owner(p) {
             strays += u64::from(!owner.contains_key(&p));
         }
     }

@@ -90,11 +90,6 @@ impl Log {
         self.pos
     }
 
-    /// Where the next entry goes, and its sequence number.
-    pub fn head(&self) -> (u64, u64) {
-        (self.pos, self.next_seq)
-    }
-
     /// Bytes the area holds.
     pub fn capacity(&self) -> u64 {
         self.area.len()
@@ -223,10 +218,7 @@ impl Log {
     /// The largest batch payload the log can still take.
     pub fn batch_room(&self) -> u64 {
         let free = self.area.len() - self.pos;
-        let overhead = (free / LOG_PAYLOAD_MAX as u64 + 1)
-            * (LOG_ENTRY_HEADER_SIZE as u64 + LOG_ENTRY_ALIGN)
-            + LOG_ENTRY_ALIGN;
-        free.saturating_sub(overhead)
+        free.saturating_sub(Log::footprint(0, free / LOG_PAYLOAD_MAX as u64 + 1))
     }
 
     /// Bytes a batch of `len` payload bytes in `chunks` entries takes in

@@ -147,6 +147,7 @@ impl Pages {
         let first = g.data.start;
         let end = g.data.end();
         let mut state = page_table((end - first) as usize, FREE);
+        let (mut n_used, mut n_meta) = (0u64, 0u64);
         for (p, mark) in used
             .into_iter()
             .map(|p| (p, USED))
@@ -162,16 +163,19 @@ impl Pages {
                 return Err(format!("page {p} is held twice"));
             }
             *s = mark;
+            if mark == USED {
+                n_used += 1;
+            } else {
+                n_meta += 1;
+            }
         }
-        let used = state.iter().filter(|&&s| s == USED).count() as u64;
-        let meta = state.iter().filter(|&&s| s == META).count() as u64;
         let mut pages = Pages {
             first,
             end,
             free: FreeMap::new(state.len() as u64),
             state,
-            used,
-            meta,
+            used: n_used,
+            meta: n_meta,
             waiting: VecDeque::new(),
             high: Arc::new(AtomicU64::new(first)),
         };

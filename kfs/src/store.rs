@@ -36,7 +36,7 @@ use crate::pages::{PageTableAddr, Pages};
 
 mod load;
 
-pub use load::{held_pages, load, owner_of, Loaded};
+pub use load::{held_pages, load, Loaded};
 
 /// `itable` value of a table index whose page is promised, not yet taken.
 const PENDING: u64 = u64::MAX;
@@ -123,11 +123,6 @@ impl Class {
             ep.listed = true;
             self.with_free.push(idx);
         }
-    }
-
-    /// Entry pages in use.
-    fn page_count(&self) -> u64 {
-        (self.pages.len() - self.spare.len()) as u64
     }
 
     /// Takes a free slot of one of the pages, if any has one.
@@ -337,20 +332,6 @@ impl Store {
             && self.dirty_groups.is_empty()
             && self.new_entries.is_empty()
             && self.freed_slots.is_empty()
-    }
-
-    /// Pages the store holds, by kind (a walk of the inode table: for
-    /// tools, not for every request).
-    pub fn usage(&self) -> StoreUse {
-        StoreUse {
-            inode_pages: self
-                .itable
-                .iter()
-                .filter(|&&p| p != 0 && p != PENDING)
-                .count() as u64,
-            entry_pages: self.classes.iter().map(Class::page_count).sum(),
-            target_pages: self.targets.values().filter(|&&p| p != 0).count() as u64,
-        }
     }
 
     /// Files the store can still take, as far as `free_pages` (free data
@@ -565,11 +546,11 @@ impl Store {
                 self.dirty_groups.push(group as u64);
             }
             // Its cache line, until the page's lines would cost more than
-            // the whole page (which is then written instead).
+            // the whole page (which is then written instead): a page is
+            // charged at most `OWNER_PAGE_COST`, as the log is sized for.
             if *lines & line == 0 {
-                if u64::from(lines.count_ones()) * OWNER_LINE_COST < OWNER_PAGE_COST {
-                    self.pending_bytes += OWNER_LINE_COST;
-                }
+                let charged = u64::from(lines.count_ones()) * OWNER_LINE_COST;
+                self.pending_bytes += OWNER_LINE_COST.min(OWNER_PAGE_COST.saturating_sub(charged));
                 *lines |= line;
             }
         }
@@ -596,8 +577,9 @@ impl Store {
         }
     }
 
-    /// The owner entry the store should hold for data page `p`.
-    fn owner(&self, p: u64) -> Option<Owner> {
+    /// The owner entry the store should hold for data page `p` (also
+    /// fsck's cross-check).
+    pub fn owner(&self, p: u64) -> Option<Owner> {
         let data = self.data?;
         data.contains(p)
             .then(|| Owner::decode(self.owners[(p - data.start) as usize] & !DIRTY))

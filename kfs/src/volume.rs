@@ -23,7 +23,7 @@ use crate::namespace::{Namespace, Outcome};
 use crate::pages::Pages;
 use crate::record::Record;
 use crate::recovery::{each_write, Replayed};
-use crate::store::{Loaded, StoreUse};
+use crate::store::Loaded;
 use crate::{Error, Result};
 
 mod data;
@@ -290,11 +290,6 @@ impl Volume {
         std::mem::take(&mut self.retirements.longest_recent)
     }
 
-    /// Pages the metadata store holds.
-    pub fn store_use(&self) -> StoreUse {
-        self.ns.store().usage()
-    }
-
     /// Data pages files and the metadata store hold, counting those
     /// promised to the store (and not those of its stock not promised).
     pub fn used_pages(&self) -> u64 {
@@ -441,6 +436,9 @@ impl Volume {
             &reserve,
             room,
         )?;
+        // The pages it takes were free, and may still be writable in a
+        // client's view: read-only before the batch writes records there.
+        self.protect_store_pages(&out.taken);
         // From here a failure leaves the bookkeeping ahead of the image:
         // the log, which still holds every change, is kept for recovery.
         if let Err(e) = self.write_retirement() {
@@ -449,7 +447,6 @@ impl Volume {
         }
         self.log.restart();
         crate::store::retired(&mut self.ns, &mut self.pages);
-        self.protect_store_pages(&out.taken);
         let took = t0.elapsed();
         let r = &mut self.retirements;
         r.count += 1;

@@ -413,16 +413,6 @@ pub fn held_pages(ns: &Namespace) -> (Vec<u64>, Vec<u64>) {
     (files, store)
 }
 
-/// The owner entry the store should hold for data page `p` (for fsck's
-/// cross-check).
-pub fn owner_of(ns: &Namespace, p: u64) -> Option<Owner> {
-    let st = ns.store();
-    let data = st.data?;
-    data.contains(p)
-        .then(|| Owner::decode(st.owners[(p - data.start) as usize] & !super::DIRTY))
-        .flatten()
-}
-
 /// An inode as loaded, for the entries that name it.
 #[derive(Debug, Clone, Copy, Default)]
 struct Loading {

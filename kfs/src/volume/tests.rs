@@ -1379,7 +1379,7 @@ fn a_target_page_given_up_during_replay_stays_the_stores_until_cleared() {
     assert_eq!(symlink(&mut v, "s", &[b't'; 100]).errno, 0);
     v.checkpoint().unwrap();
     let g = v.image().superblock().geometry;
-    let owner = |v: &Volume, p| crate::store::owner_of(v.namespace(), p);
+    let owner = |v: &Volume, p| v.namespace().store().owner(p);
     let target_page = (g.data.start..g.data.end())
         .find(|&p| matches!(owner(&v, p), Some(Owner::Target { .. })))
         .unwrap();
