@@ -3,8 +3,8 @@
 //! ARCHITECTURE.md §6), and the changes themselves. A metadata change is applied by
 //! the same code live (after its log entry is durable) and at log replay;
 //! file data changes through [`Namespace::write_pages`] and
-//! [`Namespace::truncate_file`], also shared by both, and checkpoints load
-//! through their own `load_*` functions.
+//! [`Namespace::truncate_file`], also shared by both, and the metadata
+//! store loads through its own `load_*` functions.
 //!
 //! Ordering for lock-free readers: a created inode is filled before its
 //! entry is linked; an entry is unlinked before its inode is retired; a
@@ -1148,33 +1148,6 @@ impl Namespace {
             x.put(inode + I_BTIME, a.btime as u64)
         })?;
         Ok(inode)
-    }
-
-    /// Restores a directory entry from the store; both inodes exist.
-    /// Returns the index entry made.
-    pub fn load_entry(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<u64, Errno> {
-        check_name(name)?;
-        let dir = self.inode_of(parent)?;
-        let inode = self.inode_of(ino)?;
-        if self.reader().kind(dir) != Some(Kind::Dir) {
-            return Err(Errno::ENOTDIR);
-        }
-        let (pred, found) = self.insert_point(dir, name_hash(name), name, None);
-        if found != 0 {
-            return Err(Errno::EEXIST);
-        }
-        let node = self.link_entry(dir, name, inode, pred)?;
-        let entries = self.reader().attr(dir).ok_or(Errno::EIO)?.entries + 1;
-        self.update(dir, |a| a.put(dir + I_ENTRIES, entries))?;
-        self.maybe_grow(dir)?;
-        if self.reader().kind(inode) == Some(Kind::Dir) {
-            if self.reader().parent(inode) != 0 {
-                // A directory with two names.
-                return Err(Errno::EMLINK);
-            }
-            self.update(inode, |a| a.put(inode + I_PARENT, dir))?;
-        }
-        Ok(node)
     }
 
     /// Calls `f` for every inode that has a name (a directory, or a link

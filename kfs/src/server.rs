@@ -641,12 +641,6 @@ impl Kfs {
         sampled.max(retired)
     }
 
-    /// Data pages that files and the metadata store hold; `None` once the
-    /// volume is closed.
-    pub fn used_pages(&self) -> Option<u64> {
-        self.volume.lock().as_ref().map(|v| v.pages().used_pages())
-    }
-
     /// Space for files: (data pages held, inodes that may still be made);
     /// `None` once the volume is closed.
     pub fn space(&self) -> Option<(u64, u64)> {

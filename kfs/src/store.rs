@@ -68,9 +68,11 @@ const WRITE: u64 = BATCH_WRITE_HEAD as u64;
 /// is due, whatever their bytes. Each lands on a cache line of the store
 /// the retirement has not touched, and those lines, not the bytes, make
 /// most of a retirement's time and so Kfs's longest pause: a batch of
-/// removals is a few bytes a record. (Owner entries are counted by their
-/// bytes alone: they lie together in the owner table, a cache line holds
-/// eight, and a retirement writes them a run of lines at a time.)
+/// removals is a few bytes a record. (Owner entries that file data
+/// changes are counted by their bytes alone: they lie together in the
+/// owner table, a cache line holds eight, and a retirement writes them a
+/// run of lines at a time. A new store page counts as two writes, its
+/// clearing and its owner entry.)
 pub const RETIRE_WRITES: u64 = 4096;
 
 /// Where a directory entry's record lies: its page and slot, as the

@@ -378,7 +378,8 @@ impl Volume {
     }
 
     /// Retires the log once its entries and the store records they call
-    /// for reach [`Geometry::retire_bytes`](kucofs_common::format::Geometry::retire_bytes).
+    /// for reach [`Geometry::retire_bytes`](kucofs_common::format::Geometry::retire_bytes),
+    /// or the pending record writes [`crate::store::RETIRE_WRITES`].
     fn maybe_checkpoint(&mut self) {
         let due = self.image.superblock().geometry.retire_bytes();
         let st = self.ns.store();

@@ -428,7 +428,7 @@ impl Fs {
     /// [`Fs::create`], leaving a new image file sparse: its data pages
     /// take memory as Kfs hands them out (a grant with no room for them
     /// fails with `ENOSPC`), rather than all of it at once; its
-    /// superblocks, log, checkpoint slots and bitmap (about 3/16 of it)
+    /// superblocks, log and owner table (about 1/250 of a large image)
     /// take theirs when it is made or opened (see
     /// [`Space`](kucofs_common::pm::Space)). For an image much larger than
     /// what it will hold.

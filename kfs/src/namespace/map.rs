@@ -344,8 +344,8 @@ impl Namespace {
         Ok(())
     }
 
-    /// Restores pages `first..` of a file from a checkpoint, keeping the
-    /// attributes the checkpoint recorded.
+    /// Restores pages `first..` of a file from the metadata store, keeping
+    /// the attributes its inode record holds.
     pub fn load_pages(
         &mut self,
         inode: u64,
