@@ -329,11 +329,13 @@ impl Namespace {
     /// table of the size the entries call for, instead of one search and
     /// insertion each (how a directory of millions of entries loads in
     /// seconds, not minutes). The keys' order and each entry's parent are
-    /// checked (a key that comes twice is `EEXIST`, a directory named
-    /// twice `EMLINK`). The caller vouches for each entry's name (checked
-    /// with [`check_name`]; in key order the names lie scattered, and a
-    /// second look at each would cost a cache miss), hash (the name's),
-    /// inode and kind.
+    /// checked before anything changes (a key that comes twice is
+    /// `EEXIST`); a directory named twice is found as the list is built
+    /// and is `EMLINK`, with the list already changed, which recovery,
+    /// the one caller, then discards with the whole namespace. The
+    /// caller vouches for each entry's name (checked with [`check_name`];
+    /// in key order the names lie scattered, and a second look at each
+    /// would cost a cache miss), hash (the name's), inode and kind.
     pub fn load_dir(
         &mut self,
         parent: u64,
@@ -348,7 +350,7 @@ impl Namespace {
         if r.next(r.dir_head(dir)) != 0 && self.arena.get(dir + I_ENTRIES) > 0 {
             return Err(Errno::EEXIST);
         }
-        // Every check before anything changes (names only where two
+        // The key checks before anything changes (names only where two
         // hashes are equal).
         for (i, e) in entries.iter().enumerate() {
             debug_assert!(check_name(e.name(names)).is_ok());
