@@ -19,7 +19,7 @@
 //! - **Persisting 4 KiB** the way a copy-on-write overwrite does
 //!   (non-temporal copy into a page at a random offset, then a fence),
 //!   alone and followed by a persisted 64-byte log record (the least a
-//!   durable commit adds: ARCHITECTURE.md §10 persists the data before the record
+//!   durable commit adds: ARCHITECTURE.md §8 persists the data before the record
 //!   that names it), in a small region and at random pages of a 256 MiB
 //!   one; next to what an in-place overwrite of one cached page costs (a
 //!   plain copy into the same page each time, as a page-cache write does).
@@ -279,7 +279,7 @@ impl Medium {
     /// The most a workload's ratio to the kernel can be on this machine,
     /// from the kernel's figure over the steps KucoFS cannot skip: RNDRD's
     /// copy out of a client view; DWOL's and RNDWR's persisted copy
-    /// followed by a persisted log record (ARCHITECTURE.md §10: the data is durable
+    /// followed by a persisted log record (ARCHITECTURE.md §8: the data is durable
     /// before the record that names it, and the record before the reply).
     /// The commit's checks, map update and protection come on top.
     pub fn bounds(&self) -> Vec<(String, f64)> {

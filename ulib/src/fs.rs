@@ -40,7 +40,7 @@ pub struct Config {
     /// Bits cleared from the mode of everything created (like a process's
     /// umask). By default, the process's umask when the handle is opened.
     pub umask: u32,
-    /// How long committed data pages stay writable (ARCHITECTURE.md §8).
+    /// How long committed data pages stay writable (ARCHITECTURE.md §13).
     pub protection: Protection,
     /// How the Kfs thread polls.
     pub server: ServerConfig,

@@ -522,7 +522,7 @@ impl PoolWriter<'_> {
     }
 }
 
-/// How long a client's data pages stay writable (ARCHITECTURE.md §8).
+/// How long a client's data pages stay writable (ARCHITECTURE.md §13).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protection {
     /// Every commit makes its pages read-only again at once.
