@@ -550,10 +550,17 @@ impl Volume {
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
         let protection = self.client(caller)?.protection;
         let want = u64::from(pages.clamp(1, POOL_MAX));
-        if self.pages.free_pages() < want {
-            // The last free pages go to file data before a grant fails.
-            for p in self.ns.store_mut().spare_stock() {
-                self.pages.release_meta(p);
+        if self.pages.free_pages() == 0 {
+            // The last free pages go to file data before a grant fails:
+            // those no reader holds any more, then the store's stock
+            // beyond what it has promised. (Only then: given back any
+            // earlier, the stock would be taken again before the next
+            // change, at every grant.)
+            self.reclaim_now();
+            if self.pages.free_pages() == 0 {
+                for p in self.ns.store_mut().spare_stock() {
+                    self.pages.release_meta(p);
+                }
             }
         }
         // Pages replaced a moment ago become free once the readers still
