@@ -16,19 +16,34 @@
 //! 4. replays the records after the last complete batch, in order: the
 //!    store held everything before it.
 //!
+//! 5. invalidates the entries of a batch left without its end, and
+//!    retires the log: what the replay changed goes into the store, and
+//!    the log starts over ([`open`]).
+//!
 //! Its work is one pass over the store plus the log, which holds at most
-//! a retirement period's entries.
+//! a retirement period's entries. [`recover`] does steps 1 to 4
+//! read-only, for fsck, with the batches applied to an in-memory
+//! [`Overlay`].
 
 use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
 use kucofs_common::format::meta::{batch_writes, BatchWrite};
 use kucofs_common::format::{
     find_damage, scan_log_with, Geometry, Lap, LogEnd, Superblock, PAGE_SIZE,
 };
 
+use kucofs_common::pm::Persist;
+
+use crate::image::Image;
+use crate::log::Log;
 use crate::namespace::Namespace;
+use crate::pages::Pages;
 use crate::record::{op, Record};
 use crate::store::Loaded;
+use crate::volume::{apply_batch, Volume};
+use crate::Error;
 
 /// What recovery found in the log.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -264,4 +279,47 @@ pub fn recover(
     rebuild(&sb.geometry, &scanned, &|off, buf| {
         overlay.read(off, buf, read)
     })
+}
+
+/// Opens the file system in `path` and recovers it: the log walked; its
+/// complete batches applied to the store (durably, before anything else
+/// is written); the store loaded and the records after the batches
+/// replayed; the entries of a batch left without its end made invalid;
+/// then a retirement, which writes what the replay changed into the store
+/// and starts the log over. A crash at any point of this leaves an image
+/// that recovers the same way.
+pub(crate) fn open(path: &Path, persist: Arc<dyn Persist>) -> crate::Result<Volume> {
+    let mut image = Image::open_with(path, persist)?;
+    let sb = image.superblock().clone();
+    let g = sb.geometry;
+    let failed = |why: String| Error::Recovery {
+        path: path.into(),
+        why,
+    };
+    let region = image.region();
+    let read = |off: u64, buf: &mut [u8]| region.read(off, buf).is_ok();
+    let scanned = scan(&sb, &read).map_err(failed)?;
+    for b in &scanned.batches {
+        apply_batch(region, &g, b).map_err(failed)?;
+    }
+    let (ns, loaded, replayed) = rebuild(&g, &scanned, &read).map_err(failed)?;
+    let (files, store_pages) = crate::store::held_pages(&ns);
+    let pages = Pages::new(&g, files, store_pages).map_err(failed)?;
+    let mut log = Log::new(
+        g.log,
+        sb.uuid,
+        sb.log_seq,
+        scanned.head.pos,
+        scanned.head.next_seq,
+        scanned.head.entries,
+    );
+    log.invalidate(image.region(), &scanned.stale)
+        .map_err(|e| failed(format!("clearing a batch left without its end: {e:?}")))?;
+    image.set_clean(false)?;
+    let mut v = Volume::recovered(image, ns, log, replayed, loaded, pages);
+    if v.log().entries() > 0 || !v.namespace().store().is_clean() {
+        v.checkpoint()
+            .map_err(|e| failed(format!("retiring the log after recovery: {e:?}")))?;
+    }
+    Ok(v)
 }

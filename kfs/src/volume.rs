@@ -1,16 +1,25 @@
-//! An open file system as Kfs holds it: the image, the live namespace, and
-//! the log. Opening one is recovery (see [`crate::recovery`]); every change
-//! is logged, then applied to the namespace; retirements of the log write
+//! An open file system as Kfs holds it: the image, the live namespace, the
+//! log, and the state of every mechanism that serves file data. Opening
+//! one is recovery ([`crate::recovery`]); every change is logged, then
+//! applied to the namespace; retirements of the log ([`retire`]) write
 //! what changed into the metadata store (see [`crate::store`]) and start
 //! the log over; closing one retires the log and marks the image clean.
+//!
+//! The mechanisms the volume owns, one module each:
+//!
+//! - [`leases`]: opens, closes and write leases;
+//! - [`grants`]: grants of free pages into pools, and pools given back;
+//! - [`commit`]: copy-on-write commits, truncation and sizes;
+//! - [`protection`]: the protection of clients' data pages, Kfs's side;
+//! - [`retire`]: retirements of the log into the metadata store;
+//! - [`warmer`]: the cache warmer of direct commits.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use kucofs_common::format::meta::{BatchWrite, BatchWriter};
+use kucofs_common::format::meta::BatchWriter;
 use kucofs_common::format::PAGE_SIZE;
-use kucofs_common::pm::{Hardware, Persist, Region};
+use kucofs_common::pm::{Hardware, Persist, Protection, Protector};
 use kucofs_common::proto::{Creds, Reply, Request};
 use kucofs_common::Errno;
 
@@ -18,17 +27,28 @@ use kucofs_common::channel::Segment;
 use parking_lot::Mutex;
 
 use crate::image::Image;
+use crate::intmap::IntMap;
 use crate::log::Log;
 use crate::namespace::{Namespace, Outcome};
 use crate::pages::Pages;
 use crate::record::Record;
-use crate::recovery::{each_write, Replayed};
+use crate::recovery::Replayed;
 use crate::store::Loaded;
 use crate::{Error, Result};
 
-mod data;
+mod commit;
+mod grants;
+mod leases;
+mod protection;
+mod retire;
+mod warmer;
 
-pub use data::{Changes, Failure, WarmEntry, Warmer, POOL_MAX};
+pub use grants::POOL_MAX;
+pub use protection::{Changes, Failure};
+use protection::{Held, Pending, View};
+pub(crate) use retire::apply_batch;
+pub use retire::Retirements;
+pub use warmer::{WarmEntry, Warmer};
 
 /// Who sent a request: an attached client, the slot of the thread, and the
 /// credentials the change is made with.
@@ -45,49 +65,6 @@ pub struct Caller {
 /// The request segments whose epoch slots hold back reclamation.
 pub type Readers = Arc<Mutex<Vec<Segment>>>;
 
-/// Retirements of the log, counted and timed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Retirements {
-    /// Retirements since the volume was opened.
-    pub count: u64,
-    /// The longest one.
-    pub longest: Duration,
-    /// All of them.
-    pub total: Duration,
-    /// Store records written (inodes, entries, owner entries).
-    pub records: u64,
-    /// The longest since [`Volume::take_longest_retirement`] last asked.
-    pub longest_recent: Duration,
-}
-
-/// Applies a batch's writes to the region and makes them durable: each
-/// range with non-temporal stores, then one fence.
-pub(crate) fn apply_batch(
-    region: &Region,
-    g: &kucofs_common::format::Geometry,
-    batch: &[u8],
-) -> std::result::Result<(), String> {
-    static ZEROS: [u8; PAGE_SIZE as usize] = [0; PAGE_SIZE as usize];
-    each_write(g, batch, |w| {
-        let done = match w {
-            BatchWrite::Bytes(at, b) => region.write_nt(at, b),
-            BatchWrite::Zero(at, len) => {
-                let mut off = 0;
-                let mut r = Ok(());
-                while off < len && r.is_ok() {
-                    let n = (len - off).min(PAGE_SIZE);
-                    r = region.write_nt(at + off, &ZEROS[..n as usize]);
-                    off += n;
-                }
-                r
-            }
-        };
-        done.map_err(|e| format!("writing the store: {e}"))
-    })?;
-    region.fence();
-    Ok(())
-}
-
 /// An open file system.
 #[derive(Debug)]
 pub struct Volume {
@@ -99,7 +76,8 @@ pub struct Volume {
     retirements: Retirements,
     batch: BatchWriter,
     pages: Pages,
-    data: data::DataState,
+    data: DataState,
+    protection: protection::State,
     readers: Readers,
     /// A retirement failed after it changed the store's bookkeeping (its
     /// batch invalid, or not written): the log must stay as it is for
@@ -113,44 +91,23 @@ impl Volume {
         Volume::open_with(path, Arc::new(Hardware::new()))
     }
 
-    /// [`Volume::open`] with a chosen persistence backend.
-    ///
-    /// Recovery: the log walked; its complete batches applied to the store
-    /// (durably, before anything else is written); the store loaded and
-    /// the records after the batches replayed; the entries of a batch left
-    /// without its end made invalid; then a retirement, which writes what the replay changed
-    /// into the store and starts the log over. A crash at any point of
-    /// this leaves an image that recovers the same way.
+    /// [`Volume::open`] with a chosen persistence backend: recovery (see
+    /// [`crate::recovery::open`]).
     pub fn open_with(path: &Path, persist: Arc<dyn Persist>) -> Result<Volume> {
-        let mut image = Image::open_with(path, persist)?;
-        let sb = image.superblock().clone();
-        let g = sb.geometry;
-        let failed = |why: String| Error::Recovery {
-            path: path.into(),
-            why,
-        };
-        let region = image.region();
-        let read = |off: u64, buf: &mut [u8]| region.read(off, buf).is_ok();
-        let scanned = crate::recovery::scan(&sb, &read).map_err(failed)?;
-        for b in &scanned.batches {
-            apply_batch(region, &g, b).map_err(failed)?;
-        }
-        let (ns, loaded, replayed) =
-            crate::recovery::rebuild(&g, &scanned, &read).map_err(failed)?;
-        let (files, store_pages) = crate::store::held_pages(&ns);
-        let pages = Pages::new(&g, files, store_pages).map_err(failed)?;
-        let mut log = Log::new(
-            g.log,
-            sb.uuid,
-            sb.log_seq,
-            scanned.head.pos,
-            scanned.head.next_seq,
-            scanned.head.entries,
-        );
-        log.invalidate(image.region(), &scanned.stale)
-            .map_err(|e| failed(format!("clearing a batch left without its end: {e:?}")))?;
-        image.set_clean(false)?;
-        let mut v = Volume {
+        crate::recovery::open(path, persist)
+    }
+
+    /// The volume recovery rebuilt (see [`crate::recovery::open`]), before
+    /// its retirement at open.
+    pub(crate) fn recovered(
+        image: Image,
+        ns: Namespace,
+        log: Log,
+        replayed: Replayed,
+        loaded: Loaded,
+        pages: Pages,
+    ) -> Volume {
+        Volume {
             image,
             ns,
             log,
@@ -159,15 +116,11 @@ impl Volume {
             retirements: Retirements::default(),
             batch: BatchWriter::new(),
             pages,
-            data: data::DataState::default(),
+            data: DataState::default(),
+            protection: protection::State::default(),
             readers: Readers::default(),
             failed: false,
-        };
-        if v.log.entries() > 0 || !v.ns.store().is_clean() {
-            v.checkpoint()
-                .map_err(|e| failed(format!("retiring the log after recovery: {e:?}")))?;
         }
-        Ok(v)
     }
 
     /// The request segments whose epochs reclamation must wait for.
@@ -274,22 +227,6 @@ impl Volume {
         self.loaded
     }
 
-    /// Retirements of the log since the volume was opened (each also
-    /// called a checkpoint).
-    pub fn checkpoints(&self) -> u64 {
-        self.retirements.count
-    }
-
-    /// Retirements of the log, counted and timed.
-    pub fn retirements(&self) -> Retirements {
-        self.retirements
-    }
-
-    /// The longest retirement since the last call.
-    pub fn take_longest_retirement(&mut self) -> Duration {
-        std::mem::take(&mut self.retirements.longest_recent)
-    }
-
     /// Data pages files and the metadata store hold, counting those
     /// promised to the store (and not those of its stock not promised).
     pub fn used_pages(&self) -> u64 {
@@ -377,22 +314,6 @@ impl Volume {
         self.log.append_prepared(self.image.region())
     }
 
-    /// Retires the log once its entries and the store records they call
-    /// for reach [`Geometry::retire_bytes`](kucofs_common::format::Geometry::retire_bytes),
-    /// or the pending record writes [`crate::store::RETIRE_WRITES`].
-    fn maybe_checkpoint(&mut self) {
-        let due = self.image.superblock().geometry.retire_bytes();
-        let st = self.ns.store();
-        if self.log.fill() + st.pending_bytes() >= due
-            || st.pending_writes() >= crate::store::RETIRE_WRITES
-        {
-            // Best effort: a retirement that fails changes nothing, and
-            // the next change tries again before the log could not take
-            // the retirement's batch.
-            let _ = self.checkpoint();
-        }
-    }
-
     fn handle_inner(
         &mut self,
         req: &Request<'_>,
@@ -412,79 +333,6 @@ impl Volume {
         Ok(reply)
     }
 
-    /// Retires the log: writes every store record the changes logged
-    /// since the last retirement touched, as one batch logged before it
-    /// is copied into place, then names the log's next entry in the
-    /// superblock and starts the log over. Its work is proportional to
-    /// those changes. A crash before the batch's end is durable leaves
-    /// the store as it was and the changes in the log; after it, recovery
-    /// applies the batch again.
-    pub fn checkpoint(&mut self) -> std::result::Result<(), Errno> {
-        if self.failed {
-            return Err(Errno::EIO);
-        }
-        let t0 = Instant::now();
-        let region = self.image.region();
-        // The entries it covers are durable before it is.
-        self.log.fence(region);
-        self.batch.clear();
-        let reserve = |p: u64| region.reserve(p * PAGE_SIZE, PAGE_SIZE).is_ok();
-        let room = self.log.batch_room();
-        let out = crate::store::retire(
-            &mut self.ns,
-            &mut self.pages,
-            &mut self.batch,
-            &reserve,
-            room,
-        )?;
-        // The pages it takes were free, and may still be writable in a
-        // client's view: read-only before the batch writes records there.
-        self.protect_store_pages(&out.taken);
-        // From here a failure leaves the bookkeeping ahead of the image:
-        // the log, which still holds every change, is kept for recovery.
-        if let Err(e) = self.write_retirement() {
-            self.failed = true;
-            return Err(e);
-        }
-        self.log.restart();
-        crate::store::retired(&mut self.ns, &mut self.pages);
-        let took = t0.elapsed();
-        let r = &mut self.retirements;
-        r.count += 1;
-        r.total += took;
-        r.longest = r.longest.max(took);
-        r.longest_recent = r.longest_recent.max(took);
-        r.records += out.inodes + out.entries + out.cleared + out.owners;
-        Ok(())
-    }
-
-    /// Logs the batch [`crate::store::retire`] built, copies it into place,
-    /// and names the next log entry in the superblock.
-    fn write_retirement(&mut self) -> std::result::Result<(), Errno> {
-        let g = self.image.superblock().geometry;
-        let region = self.image.region();
-        // A batch that writes outside the store is never logged (recovery
-        // would refuse it).
-        crate::recovery::each_write(&g, self.batch.bytes(), |_| Ok(())).map_err(|_| Errno::EIO)?;
-        if !self.batch.bytes().is_empty() {
-            self.log.append_batch(region, self.batch.bytes())?;
-            apply_batch(region, &g, self.batch.bytes()).map_err(|_| Errno::EIO)?;
-        }
-        let mut next = self.image.superblock().clone();
-        next.log_seq = self.log.next_seq();
-        self.image.update_superblock(next).map_err(|_| Errno::EIO)
-    }
-
-    /// Retires the log if anything changed since the last retirement (Kfs
-    /// calls this when idle).
-    pub fn checkpoint_if_dirty(&mut self) -> std::result::Result<bool, Errno> {
-        if self.log.entries() == 0 && self.ns.store().is_clean() {
-            return Ok(false);
-        }
-        self.checkpoint()?;
-        Ok(true)
-    }
-
     /// Closes cleanly: a last retirement, then the clean flag.
     pub fn close(mut self) -> Result<()> {
         self.checkpoint().map_err(|e| {
@@ -495,6 +343,121 @@ impl Volume {
             })
         })?;
         self.image.set_clean(true)
+    }
+}
+
+/// What Kfs keeps about one attached client: its opens (see [`leases`])
+/// and its protection state (see [`protection`]).
+#[derive(Debug, Default)]
+pub(crate) struct ClientData {
+    /// Its view of the region, if Kfs changes its protection.
+    view: Option<View>,
+    protection: Protection,
+    /// Open files: ino -> (opens, write opens).
+    opens: IntMap<u64, (u32, u32)>,
+    /// Committed pages still writable, per slot (batched protection).
+    pending: IntMap<u32, Pending>,
+}
+
+/// Leases and clients.
+#[derive(Debug, Default)]
+pub(crate) struct DataState {
+    /// Write leases: file -> the one client that may commit to it (while
+    /// it has the file open for writing).
+    leases: IntMap<u64, u32>,
+    clients: IntMap<u32, ClientData>,
+}
+
+impl Volume {
+    /// Registers a client; its pool pages are made writable (and back)
+    /// through `protector`, under `protection`.
+    pub fn attach_client(
+        &mut self,
+        client: u32,
+        protector: Option<Protector>,
+        protection: Protection,
+    ) {
+        let view = protector.map(|protector| View {
+            client,
+            protector,
+            base: self.pages.first_page(),
+            held: vec![Held::Never; self.pages.total_pages() as usize],
+        });
+        self.data.clients.insert(
+            client,
+            ClientData {
+                view,
+                protection,
+                ..ClientData::default()
+            },
+        );
+    }
+
+    /// Forgets a client: its opens are closed, its leases and its unused
+    /// pool pages given back. In embedded mode nothing calls this yet (the
+    /// one client lives as long as Kfs); the daemon will, for a client
+    /// that closed or died.
+    pub fn detach_client(&mut self, client: u32) -> Result<(), Errno> {
+        let Some(mut c) = self.data.clients.remove(&client) else {
+            return Ok(());
+        };
+        if let Some(v) = &mut c.view {
+            for pend in c.pending.values_mut() {
+                pend.flip(v, &self.pages, &mut self.protection.changes);
+            }
+        }
+        let _ = self.settle_protection();
+        self.data.leases.retain(|_, &mut c| c != client);
+        self.pages.release_client(client);
+        for (ino, (n, _)) in c.opens {
+            for _ in 0..n {
+                self.ns.unpin(ino)?;
+            }
+        }
+        self.retire_replaced();
+        Ok(())
+    }
+
+    /// Handles the data requests; `None` for any other.
+    pub(super) fn handle_data(
+        &mut self,
+        req: &Request<'_>,
+        caller: Caller,
+    ) -> Option<Result<Reply, Errno>> {
+        Some(match *req {
+            Request::Open {
+                path,
+                flags,
+                mode,
+                hint,
+            } => self.open_file(path, flags, mode, hint, caller),
+            Request::Close { ino, write } => self.close_file(ino, write, caller),
+            Request::Grant { pages } => self.grant(pages, caller),
+            Request::Commit {
+                ino,
+                first,
+                size,
+                extents,
+            } => self.commit(ino, first, size, &extents, caller),
+            Request::Truncate { ino, size } => self.truncate(ino, size, caller),
+            Request::Unpool { slot, start, pages } => self.unpool(slot, start, pages, caller),
+            _ => return None,
+        })
+    }
+
+    fn client(&mut self, caller: Caller) -> Result<&mut ClientData, Errno> {
+        self.data
+            .clients
+            .get_mut(&caller.client)
+            .ok_or(Errno::EINVAL)
+    }
+
+    /// Puts the pages the namespace replaced or dropped to wait for their
+    /// grace period.
+    pub(super) fn retire_replaced(&mut self) {
+        let epoch = self.ns.epoch();
+        let pages = &mut self.pages;
+        self.ns.drain_replaced(|p| pages.retire(p, epoch));
     }
 }
 

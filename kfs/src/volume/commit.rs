@@ -1,0 +1,144 @@
+//! Copy-on-write commits and truncation (ARCHITECTURE.md §8): the pages
+//! a client thread wrote in its pool published in a file's block map,
+//! and a file's size set.
+//!
+//! A client thread writes into pages of its own pool, with non-temporal
+//! stores; its commit names them. They are durable before the commit's
+//! log entry: the client fences them before it queues the commit, or,
+//! applying the commit itself, leaves them to the fence Kfs's log makes
+//! before the entry (on the same thread). Kfs checks that the client
+//! holds the file's write lease and that every page is an unused page of
+//! that thread's pool, logs the commit, publishes the new block-map
+//! entries, puts the replaced pages to wait for their grace period, and
+//! fences the log entry before it replies.
+
+use kucofs_common::index::blockmap::{MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
+use kucofs_common::index::layout::I_SIZE;
+use kucofs_common::proto::{Extents, Reply, COMMIT_PAGES_MAX};
+use kucofs_common::Errno;
+
+use super::grants::holder;
+use super::{Caller, Volume};
+use crate::record::Record;
+
+impl Volume {
+    /// Zeroes the bytes of the page holding byte `old_size` from there to
+    /// the page's end, before a change makes them part of the file: they
+    /// may hold what a shrink left behind. This is the one write to a
+    /// committed page, so its entry gets a new version first: a reader
+    /// that took its size from before the shrink either loaded the entry
+    /// before that (and fails its check of the entries after copying) or
+    /// after it (and finds the size changed since it loaded it, before it
+    /// copies anything). The size covering the zeros is stored after them.
+    fn zero_tail(
+        &mut self,
+        inode: u64,
+        old_size: u64,
+        unless: std::ops::Range<u64>,
+    ) -> Result<(), Errno> {
+        let at = old_size % PAGE;
+        let page = old_size / PAGE;
+        if at == 0 || unless.contains(&page) {
+            return Ok(());
+        }
+        let Some(data_page) = self.ns.reversion_page(inode, page)? else {
+            return Ok(());
+        };
+        let off = data_page * PAGE + at;
+        let region = self.image.region();
+        region
+            .fill(off, PAGE - at, 0)
+            .and_then(|()| region.persist(off, PAGE - at))
+            .map_err(|_| Errno::EIO)
+    }
+
+    pub(super) fn commit(
+        &mut self,
+        ino: u64,
+        first: u64,
+        size: u64,
+        extents: &Extents,
+        caller: Caller,
+    ) -> Result<Reply, Errno> {
+        let n = extents.pages();
+        if n == 0
+            || n > COMMIT_PAGES_MAX
+            || first.checked_add(n).is_none_or(|end| end > MAX_FILE_PAGES)
+            || size > MAX_FILE_SIZE
+        {
+            return Err(Errno::EINVAL);
+        }
+        let inode = self.leased(ino, caller)?;
+        let old_size = self.ns.shm_u64(inode + I_SIZE);
+        let new_size = old_size.max(size);
+        // The last page committed holds bytes of the file (`first + n` was
+        // checked against the largest file, so this cannot overflow).
+        if (first + n - 1) * PAGE >= new_size {
+            return Err(Errno::EINVAL);
+        }
+        // Most commits are a few pages: no allocation for those.
+        kucofs_common::scratch::with_words(n as usize, |pages| {
+            for (slot, p) in pages.iter_mut().zip(extents.iter_pages()) {
+                *slot = p;
+            }
+            let pages = &*pages;
+            let h = holder(caller);
+            self.pages.take(h, pages)?;
+            if new_size > old_size {
+                if let Err(e) = self.zero_tail(inode, old_size, first..first + n) {
+                    self.pages.untake(h, pages);
+                    return Err(e);
+                }
+            }
+            let time = self.ns.stamp();
+            let rec = Record::Write {
+                ino,
+                first,
+                extents: *extents,
+                size: new_size,
+                time,
+            };
+            if let Err(e) = self.log_record(&rec) {
+                self.pages.untake(h, pages);
+                return Err(e);
+            }
+            self.ns.write_pages(inode, first, pages, new_size, time)?;
+            self.retire_replaced();
+            self.after_commit(caller, extents, time);
+            self.maybe_checkpoint();
+            Ok(Reply {
+                ino,
+                inode,
+                value: new_size,
+                ..Reply::default()
+            })
+        })
+    }
+
+    pub(super) fn truncate(&mut self, ino: u64, size: u64, caller: Caller) -> Result<Reply, Errno> {
+        if size > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let inode = self.leased(ino, caller)?;
+        self.set_size(inode, ino, size)?;
+        Ok(Reply {
+            ino,
+            inode,
+            value: size,
+            ..Reply::default()
+        })
+    }
+
+    pub(super) fn set_size(&mut self, inode: u64, ino: u64, size: u64) -> Result<(), Errno> {
+        let old_size = self.ns.shm_u64(inode + I_SIZE);
+        if size > old_size {
+            self.zero_tail(inode, old_size, 0..0)?;
+        }
+        let time = self.ns.stamp();
+        self.log_record(&Record::Truncate { ino, size, time })?;
+        self.ns.truncate_file(inode, size, time)?;
+        self.retire_replaced();
+        self.maybe_checkpoint();
+        Ok(())
+    }
+}

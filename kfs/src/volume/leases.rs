@@ -1,0 +1,125 @@
+//! Opens, closes and write leases (ARCHITECTURE.md §8): the opens Kfs
+//! counts per client, and the one client per file that holds its write
+//! lease and alone may commit to it.
+
+use kucofs_common::index::Kind;
+use kucofs_common::proto::{open, Reply, Request};
+use kucofs_common::Errno;
+
+use super::{Caller, Volume};
+
+impl Volume {
+    pub(super) fn open_file(
+        &mut self,
+        path: &[u8],
+        flags: u32,
+        mode: u32,
+        hint: Option<kucofs_common::proto::Hint>,
+        caller: Caller,
+    ) -> Result<Reply, Errno> {
+        if flags & !open::ALL != 0 || mode & !0o7777 != 0 {
+            return Err(Errno::EINVAL);
+        }
+        self.client(caller)?;
+        let write = flags & open::WRITE != 0;
+        let mut created = false;
+        let inode = match self.ns.reader().resolve(path, true) {
+            Ok(_) if flags & open::CREATE != 0 && flags & open::EXCL != 0 => {
+                return Err(Errno::EEXIST)
+            }
+            Ok(inode) => inode,
+            Err(Errno::ENOENT) if flags & open::CREATE != 0 => {
+                let create = Request::Create {
+                    path,
+                    mode: libc::S_IFREG | mode,
+                    target: b"",
+                    hint,
+                };
+                created = true;
+                self.handle_inner(&create, caller.creds)?.inode
+            }
+            Err(e) => return Err(e),
+        };
+        let r = self.ns.reader();
+        let kind = r.kind(inode).ok_or(Errno::EIO)?;
+        let ino = r.ino(inode);
+        let gen = kucofs_common::index::layout::header_gen(r.header(inode));
+        if kind == Kind::Dir && (write || flags & open::TRUNC != 0) {
+            return Err(Errno::EISDIR);
+        }
+        if write
+            && self
+                .data
+                .leases
+                .get(&ino)
+                .is_some_and(|&c| c != caller.client)
+        {
+            // Another process holds the write lease.
+            return Err(Errno::ETXTBSY);
+        }
+        // As on Linux, truncating a file that was there already changes its
+        // times even when it is empty; a file this open made is left alone.
+        if write && flags & open::TRUNC != 0 && !created {
+            self.set_size(inode, ino, 0)?;
+        }
+        let reply = Reply {
+            errno: 0,
+            ino,
+            inode,
+            gen,
+            // 1: this open created the file.
+            value: u64::from(created),
+            ..Reply::default()
+        };
+        if kind == Kind::File {
+            self.ns.pin(ino);
+            let c = self.client(caller)?;
+            let o = c.opens.entry(ino).or_default();
+            o.0 += 1;
+            o.1 += u32::from(write);
+            if write {
+                self.data.leases.insert(ino, caller.client);
+            }
+        }
+        Ok(reply)
+    }
+
+    pub(super) fn close_file(
+        &mut self,
+        ino: u64,
+        write: bool,
+        caller: Caller,
+    ) -> Result<Reply, Errno> {
+        let c = self.client(caller)?;
+        let Some(o) = c.opens.get_mut(&ino) else {
+            return Err(Errno::EBADF);
+        };
+        // A write close needs a write open, and a read close a read open:
+        // a client that closed a write open as a read one would keep the
+        // file's lease with nothing left open.
+        if (write && o.1 == 0) || (!write && o.0 == o.1) {
+            return Err(Errno::EBADF);
+        }
+        o.0 -= 1;
+        o.1 -= u32::from(write);
+        let (opens, writes) = *o;
+        if opens == 0 {
+            c.opens.remove(&ino);
+        }
+        if write && writes == 0 {
+            self.data.leases.remove(&ino);
+        }
+        self.ns.unpin(ino)?;
+        self.retire_replaced();
+        Ok(Reply::default())
+    }
+
+    /// The inode of a file `caller` holds the write lease of. A lease is
+    /// only taken on a regular file, which stays while it is open.
+    pub(super) fn leased(&self, ino: u64, caller: Caller) -> Result<u64, Errno> {
+        if self.data.leases.get(&ino) != Some(&caller.client) {
+            return Err(Errno::EBADF);
+        }
+        self.ns.file_inode(ino)
+    }
+}
