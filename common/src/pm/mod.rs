@@ -9,6 +9,7 @@
 //! read-only view, another process) may be reading it at the same time.
 
 mod cpu;
+mod huge;
 pub mod keys;
 mod mapping;
 mod persist;

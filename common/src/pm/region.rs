@@ -594,13 +594,16 @@ impl std::str::FromStr for Protection {
 #[derive(Debug, Clone)]
 pub struct Protector {
     map: Arc<Mapping>,
+    /// The image's path, which an error names.
+    path: Arc<Path>,
 }
 
 impl Protector {
     /// Makes `pages` pages from region page `first` writable (`true`) or
     /// read-only.
     pub fn set(&self, first: u64, pages: u64, writable: bool) -> Result<()> {
-        self.map.protect(first * 4096, pages * 4096, writable)
+        self.map
+            .protect(first * 4096, pages * 4096, writable, &self.path)
     }
 
     /// Faults in `pages` writable pages from region page `first` in one
@@ -677,6 +680,7 @@ impl RegionView {
     pub fn protector(&self) -> Option<Protector> {
         self.key.is_none().then(|| Protector {
             map: self.window.clone(),
+            path: self.path.as_path().into(),
         })
     }
 
