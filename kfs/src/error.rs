@@ -32,9 +32,13 @@ pub enum Error {
         a: SuperblockFault,
         b: SuperblockFault,
     },
-    /// Recovery could not rebuild the file system from checkpoint and log.
-    #[error("recovering {path} failed: {why} (run kucofs fsck for details)")]
-    Recovery { path: PathBuf, why: String },
+    /// Recovery could not rebuild the file system from its metadata store
+    /// and log.
+    #[error("recovering {path} failed: {cause} (run kucofs fsck for details)")]
+    Recovery {
+        path: PathBuf,
+        cause: crate::recovery::RecoveryError,
+    },
     /// The Kfs thread serving an image could not be started.
     #[error("could not start the Kfs thread for {path}: {cause}")]
     ThreadStart {

@@ -90,7 +90,7 @@ pub fn fsck(path: &Path) -> Result<FsckReport> {
             ns
         }
         Err(why) => {
-            report.problems.push(why);
+            report.problems.push(why.to_string());
             return Ok(report);
         }
     };

@@ -115,12 +115,13 @@ fn format(region: &Region, path: &Path, geometry: Geometry) -> Result<Superblock
     };
     let mut ns = Namespace::with_store(root, crate::namespace::now_ns(), &geometry)
         .map_err(|e| unusable(format!("making the root directory failed: {e}")))?;
-    let mut pages = Pages::new(&geometry, [], []).map_err(unusable)?;
+    let mut pages = Pages::new(&geometry, [], []).map_err(|e| unusable(e.to_string()))?;
     let mut batch = BatchWriter::new();
     let reserve = |p: u64| region.reserve(p * PAGE_SIZE, PAGE_SIZE).is_ok();
     crate::store::retire(&mut ns, &mut pages, &mut batch, &reserve, u64::MAX)
         .map_err(|e| unusable(format!("writing the root directory failed: {e}")))?;
-    crate::volume::apply_batch(region, &geometry, batch.bytes()).map_err(unusable)?;
+    crate::volume::apply_batch(region, &geometry, batch.bytes())
+        .map_err(|e| unusable(e.to_string()))?;
     let superblock = Superblock {
         seq: 1,
         compat: 0,

@@ -50,6 +50,18 @@ impl Holder {
     }
 }
 
+/// Why the pages the files and the metadata store hold are not a set of
+/// data pages ([`Pages::new`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HeldPagesError {
+    /// A page held outside the data pages.
+    #[error("page {page} is held, but lies outside the data pages {first}..{end}")]
+    Outside { page: u64, first: u64, end: u64 },
+    /// A page held twice.
+    #[error("page {page} is held twice")]
+    Twice { page: u64 },
+}
+
 /// The data pages.
 #[derive(Debug)]
 pub struct Pages {
@@ -143,7 +155,7 @@ impl Pages {
         g: &Geometry,
         used: impl IntoIterator<Item = u64>,
         meta: impl IntoIterator<Item = u64>,
-    ) -> Result<Pages, String> {
+    ) -> Result<Pages, HeldPagesError> {
         let first = g.data.start;
         let end = g.data.end();
         let mut state = page_table((end - first) as usize, FREE);
@@ -154,13 +166,15 @@ impl Pages {
             .chain(meta.into_iter().map(|p| (p, META)))
         {
             if p < first || p >= end {
-                return Err(format!(
-                    "page {p} is held, but lies outside the data pages {first}..{end}"
-                ));
+                return Err(HeldPagesError::Outside {
+                    page: p,
+                    first,
+                    end,
+                });
             }
             let s = &mut state[(p - first) as usize];
             if *s != FREE {
-                return Err(format!("page {p} is held twice"));
+                return Err(HeldPagesError::Twice { page: p });
             }
             *s = mark;
             if mark == USED {

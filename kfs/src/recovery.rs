@@ -18,7 +18,7 @@
 //!
 //! 5. invalidates the entries of a batch left without its end, and
 //!    retires the log: what the replay changed goes into the store, and
-//!    the log starts over ([`open`]).
+//!    the log starts over (`open`).
 //!
 //! Its work is one pass over the store plus the log, which holds at most
 //! a retirement period's entries. [`recover`] does steps 1 to 4
@@ -29,21 +29,73 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use kucofs_common::format::meta::{batch_writes, BatchWrite};
+use kucofs_common::format::meta::{batch_writes, BatchWrite, RecordFault};
 use kucofs_common::format::{
-    find_damage, scan_log_with, Geometry, Lap, LogEnd, Superblock, PAGE_SIZE,
+    find_damage, scan_log_with, Geometry, Lap, LogDamage, LogEnd, Superblock, PAGE_SIZE,
 };
+use kucofs_common::Errno;
 
 use kucofs_common::pm::Persist;
 
 use crate::image::Image;
 use crate::log::Log;
 use crate::namespace::Namespace;
-use crate::pages::Pages;
+use crate::pages::{HeldPagesError, Pages};
 use crate::record::{op, Record};
 use crate::store::Loaded;
 use crate::volume::{apply_batch, Volume};
 use crate::Error;
+
+/// Why recovery could not rebuild the file system of an image. Each names
+/// what it found where (a log entry's sequence, a page, a byte range);
+/// [`Error::Recovery`] adds the image's path.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// A batch end entry with no batch entries before it.
+    #[error("log entry {seq}: a batch end with no batch")]
+    BatchEndAlone { seq: u64 },
+    /// A batch end entry whose first sequence or length is not its batch's.
+    #[error("log entry {seq}: a batch end that does not match its batch")]
+    BatchEndMismatch { seq: u64 },
+    /// A change logged between a batch's entries and its end.
+    #[error("log entry {seq}: a change inside a batch")]
+    ChangeInsideBatch { seq: u64 },
+    /// An entry that fails its checks with acknowledged entries after it.
+    #[error("{0}")]
+    Damaged(LogDamage),
+    /// A batch's records do not decode.
+    #[error("a retirement batch in the log: {0}")]
+    BadBatch(RecordFault),
+    /// A batch writes outside the owner table and the data pages.
+    #[error("a retirement batch in the log writes {len} bytes at {at}, outside the store")]
+    BatchOutsideStore { at: u64, len: u64 },
+    /// A batch names a page past the image's end.
+    #[error("page {page} is outside the image")]
+    PageOutsideImage { page: u64 },
+    /// Applying a batch to the store failed.
+    #[error("writing the store: {0}")]
+    WriteStore(kucofs_common::Error),
+    /// The metadata store does not load (the store says why).
+    #[error("{0}")]
+    Load(String),
+    /// A redo record in the log does not decode.
+    #[error("log entry {seq}: undecodable: {errno:?}")]
+    Undecodable { seq: u64, errno: Errno },
+    /// A redo record in the log could not be applied.
+    #[error("log entry {seq}: replay failed: {errno:?}")]
+    Replay { seq: u64, errno: Errno },
+    /// The pages the rebuilt files and store hold are not a set of data
+    /// pages.
+    #[error(transparent)]
+    HeldPages(#[from] HeldPagesError),
+    /// The entries of a batch left without its end could not be made
+    /// invalid.
+    #[error("clearing a batch left without its end: {0:?}")]
+    ClearStale(Errno),
+    /// The retirement that ends recovery failed.
+    #[error("retiring the log after recovery: {0:?}")]
+    Retire(Errno),
+}
 
 /// What recovery found in the log.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,7 +129,10 @@ pub struct Scanned {
 /// `read`. Fails on damage: an entry that fails its checks with
 /// acknowledged entries after it, or entries in an order no run of Kfs
 /// writes.
-pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Scanned, String> {
+pub fn scan(
+    sb: &Superblock,
+    read: &dyn Fn(u64, &mut [u8]) -> bool,
+) -> Result<Scanned, RecoveryError> {
     let g = &sb.geometry;
     let base = g.log.offset();
     let area = |at: u64, buf: &mut [u8]| read(base + at, buf);
@@ -102,17 +157,14 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
             }
             op::BATCH_END => {
                 let Some((_, first, body)) = open.take() else {
-                    fault = Some(format!("log entry {}: a batch end with no batch", h.seq));
+                    fault = Some(RecoveryError::BatchEndAlone { seq: h.seq });
                     return;
                 };
                 let mut want = [0u8; 16];
                 want[..8].copy_from_slice(&first.to_le_bytes());
                 want[8..].copy_from_slice(&(h.seq - first).to_le_bytes());
                 if payload != want {
-                    fault = Some(format!(
-                        "log entry {}: a batch end that does not match its batch",
-                        h.seq
-                    ));
+                    fault = Some(RecoveryError::BatchEndMismatch { seq: h.seq });
                     return;
                 }
                 out.batches.push(body);
@@ -120,7 +172,7 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
                 out.replay.clear();
             }
             _ if open.is_some() => {
-                fault = Some(format!("log entry {}: a change inside a batch", h.seq));
+                fault = Some(RecoveryError::ChangeInsideBatch { seq: h.seq });
             }
             _ => out.replay.push((h.seq, h.op, payload.to_vec())),
         }
@@ -130,7 +182,7 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
     }
     if !sb.clean {
         if let Some(d) = find_damage(g.log.len(), &lap, &end, area) {
-            return Err(d.to_string());
+            return Err(RecoveryError::Damaged(d));
         }
     }
     out.head = end;
@@ -150,17 +202,15 @@ pub fn scan(sb: &Superblock, read: &dyn Fn(u64, &mut [u8]) -> bool) -> Result<Sc
 pub fn each_write(
     g: &Geometry,
     batch: &[u8],
-    mut apply: impl FnMut(BatchWrite<'_>) -> Result<(), String>,
-) -> Result<(), String> {
+    mut apply: impl FnMut(BatchWrite<'_>) -> Result<(), RecoveryError>,
+) -> Result<(), RecoveryError> {
     let lo = g.owners.offset();
     let hi = g.size;
     for w in batch_writes(batch) {
-        let w = w.map_err(|e| format!("a retirement batch in the log: {e}"))?;
+        let w = w.map_err(RecoveryError::BadBatch)?;
         let (at, len) = w.range();
         if at < lo || at.checked_add(len).is_none_or(|e| e > hi) {
-            return Err(format!(
-                "a retirement batch in the log writes {len} bytes at {at}, outside the store"
-            ));
+            return Err(RecoveryError::BatchOutsideStore { at, len });
         }
         apply(w)?;
     }
@@ -180,7 +230,7 @@ impl Overlay {
         g: &Geometry,
         batches: &[Vec<u8>],
         read: &dyn Fn(u64, &mut [u8]) -> bool,
-    ) -> Result<Overlay, String> {
+    ) -> Result<Overlay, RecoveryError> {
         let mut o = Overlay::default();
         for b in batches {
             each_write(g, b, |w| {
@@ -196,7 +246,7 @@ impl Overlay {
                         std::collections::hash_map::Entry::Vacant(e) => {
                             let mut buf = vec![0u8; PAGE_SIZE as usize].into_boxed_slice();
                             if !read(page * PAGE_SIZE, &mut buf) {
-                                return Err(format!("page {page} is outside the image"));
+                                return Err(RecoveryError::PageOutsideImage { page });
                             }
                             e.insert(buf)
                         }
@@ -246,8 +296,8 @@ pub fn rebuild(
     g: &Geometry,
     scanned: &Scanned,
     read: &dyn Fn(u64, &mut [u8]) -> bool,
-) -> Result<(Namespace, Loaded, Replayed), String> {
-    let (mut ns, loaded) = crate::store::load(g, read)?;
+) -> Result<(Namespace, Loaded, Replayed), RecoveryError> {
+    let (mut ns, loaded) = crate::store::load(g, read).map_err(RecoveryError::Load)?;
     let mut replayed = Replayed {
         entries: 0,
         bytes: scanned.head.pos,
@@ -255,9 +305,9 @@ pub fn rebuild(
     };
     for (seq, op, payload) in &scanned.replay {
         let rec = Record::decode(*op, payload)
-            .map_err(|e| format!("log entry {seq}: undecodable: {e:?}"))?;
+            .map_err(|errno| RecoveryError::Undecodable { seq: *seq, errno })?;
         ns.apply(&rec)
-            .map_err(|e| format!("log entry {seq}: replay failed: {e:?}"))?;
+            .map_err(|errno| RecoveryError::Replay { seq: *seq, errno })?;
         replayed.entries += 1;
     }
     ns.rebuild_free_inos();
@@ -273,7 +323,7 @@ pub fn rebuild(
 pub fn recover(
     sb: &Superblock,
     read: &dyn Fn(u64, &mut [u8]) -> bool,
-) -> Result<(Namespace, Loaded, Replayed), String> {
+) -> Result<(Namespace, Loaded, Replayed), RecoveryError> {
     let scanned = scan(sb, read)?;
     let overlay = Overlay::new(&sb.geometry, &scanned.batches, read)?;
     rebuild(&sb.geometry, &scanned, &|off, buf| {
@@ -292,9 +342,9 @@ pub(crate) fn open(path: &Path, persist: Arc<dyn Persist>) -> crate::Result<Volu
     let mut image = Image::open_with(path, persist)?;
     let sb = image.superblock().clone();
     let g = sb.geometry;
-    let failed = |why: String| Error::Recovery {
+    let failed = |cause: RecoveryError| Error::Recovery {
         path: path.into(),
-        why,
+        cause,
     };
     let region = image.region();
     let read = |off: u64, buf: &mut [u8]| region.read(off, buf).is_ok();
@@ -304,7 +354,7 @@ pub(crate) fn open(path: &Path, persist: Arc<dyn Persist>) -> crate::Result<Volu
     }
     let (ns, loaded, replayed) = rebuild(&g, &scanned, &read).map_err(failed)?;
     let (files, store_pages) = crate::store::held_pages(&ns);
-    let pages = Pages::new(&g, files, store_pages).map_err(failed)?;
+    let pages = Pages::new(&g, files, store_pages).map_err(|e| failed(e.into()))?;
     let mut log = Log::new(
         g.log,
         sb.uuid,
@@ -314,12 +364,12 @@ pub(crate) fn open(path: &Path, persist: Arc<dyn Persist>) -> crate::Result<Volu
         scanned.head.entries,
     );
     log.invalidate(image.region(), &scanned.stale)
-        .map_err(|e| failed(format!("clearing a batch left without its end: {e:?}")))?;
+        .map_err(|e| failed(RecoveryError::ClearStale(e)))?;
     image.set_clean(false)?;
     let mut v = Volume::recovered(image, ns, log, replayed, loaded, pages);
     if v.log().entries() > 0 || !v.namespace().store().is_clean() {
         v.checkpoint()
-            .map_err(|e| failed(format!("retiring the log after recovery: {e:?}")))?;
+            .map_err(|e| failed(RecoveryError::Retire(e)))?;
     }
     Ok(v)
 }

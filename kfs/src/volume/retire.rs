@@ -13,7 +13,7 @@ use kucofs_common::pm::Region;
 use kucofs_common::Errno;
 
 use super::Volume;
-use crate::recovery::each_write;
+use crate::recovery::{each_write, RecoveryError};
 
 /// Retirements of the log, counted and timed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub(crate) fn apply_batch(
     region: &Region,
     g: &kucofs_common::format::Geometry,
     batch: &[u8],
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), RecoveryError> {
     static ZEROS: [u8; PAGE_SIZE as usize] = [0; PAGE_SIZE as usize];
     each_write(g, batch, |w| {
         let done = match w {
@@ -52,7 +52,7 @@ pub(crate) fn apply_batch(
                 r
             }
         };
-        done.map_err(|e| format!("writing the store: {e}"))
+        done.map_err(RecoveryError::WriteStore)
     })?;
     region.fence();
     Ok(())
