@@ -1,4 +1,5 @@
-//! The namespace as Kfs changes it: POSIX checks for every request, the
+//! The index writer (the namespace as Kfs changes it, through the arena,
+//! [`crate::arena`]): POSIX checks for every request, the
 //! check of a client's pre-located addresses (collaborative indexing,
 //! ARCHITECTURE.md §6), and the changes themselves. A metadata change is applied by
 //! the same code live (after its log entry is durable) and at log replay;

@@ -1,18 +1,18 @@
 //! An open file system as Kfs holds it: the image, the live namespace, the
 //! log, and the state of every mechanism that serves file data. Opening
 //! one is recovery ([`crate::recovery`]); every change is logged, then
-//! applied to the namespace; retirements of the log ([`retire`]) write
+//! applied to the namespace; retirements of the log (`retire`) write
 //! what changed into the metadata store (see [`crate::store`]) and start
 //! the log over; closing one retires the log and marks the image clean.
 //!
 //! The mechanisms the volume owns, one module each:
 //!
-//! - [`leases`]: opens, closes and write leases;
-//! - [`grants`]: grants of free pages into pools, and pools given back;
-//! - [`commit`]: copy-on-write commits, truncation and sizes;
-//! - [`protection`]: the protection of clients' data pages, Kfs's side;
-//! - [`retire`]: retirements of the log into the metadata store;
-//! - [`warmer`]: the cache warmer of direct commits.
+//! - `leases`: opens, closes and write leases;
+//! - `grants`: grants of free pages into pools, and pools given back;
+//! - `commit`: copy-on-write commits, truncation and sizes;
+//! - `protection`: the protection of clients' data pages, Kfs's side;
+//! - `retire`: retirements of the log into the metadata store;
+//! - `warmer`: the cache warmer of direct commits.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -346,8 +346,8 @@ impl Volume {
     }
 }
 
-/// What Kfs keeps about one attached client: its opens (see [`leases`])
-/// and its protection state (see [`protection`]).
+/// What Kfs keeps about one attached client: its opens (see `leases`)
+/// and its protection state (see `protection`).
 #[derive(Debug, Default)]
 pub(crate) struct ClientData {
     /// Its view of the region, if Kfs changes its protection.
@@ -419,11 +419,7 @@ impl Volume {
     }
 
     /// Handles the data requests; `None` for any other.
-    pub(super) fn handle_data(
-        &mut self,
-        req: &Request<'_>,
-        caller: Caller,
-    ) -> Option<Result<Reply, Errno>> {
+    fn handle_data(&mut self, req: &Request<'_>, caller: Caller) -> Option<Result<Reply, Errno>> {
         Some(match *req {
             Request::Open {
                 path,
@@ -454,7 +450,7 @@ impl Volume {
 
     /// Puts the pages the namespace replaced or dropped to wait for their
     /// grace period.
-    pub(super) fn retire_replaced(&mut self) {
+    fn retire_replaced(&mut self) {
         let epoch = self.ns.epoch();
         let pages = &mut self.pages;
         self.ns.drain_replaced(|p| pages.retire(p, epoch));
