@@ -33,9 +33,8 @@ use kucofs_common::format::meta::{batch_writes, BatchWrite, RecordFault};
 use kucofs_common::format::{
     find_damage, scan_log_with, Geometry, Lap, LogDamage, LogEnd, Superblock, PAGE_SIZE,
 };
-use kucofs_common::Errno;
-
 use kucofs_common::pm::Persist;
+use kucofs_common::Errno;
 
 use crate::image::Image;
 use crate::log::Log;

@@ -14,10 +14,11 @@
 //!   `mprotect` on a view's write window, protection keys, and the
 //!   [`PoolWriter`](kucofs_common::pm::PoolWriter) a client stores
 //!   through, in `common/src/pm/region.rs` and `common/src/pm/keys.rs`;
-//! - deferred changes made after the volume's lock is released, under
-//!   [`Volume::protection_order`], in `Direct::try_apply`
-//!   (`kfs/src/server.rs`), which also flips expired batches as it keeps
-//!   house;
+//! - in `kfs/src/server.rs`: `Direct` makes the changes a client
+//!   thread's own request deferred, after it releases the volume's lock,
+//!   under [`Volume::protection_order`]; the Kfs thread calls
+//!   [`Volume::expire_protection`] by the [`Volume::batch_deadline`] it
+//!   planned;
 //! - the client's side (its views, its protection mode, the writes
 //!   through its pool) in `ulib/src/fs.rs` and `ulib/src/file.rs`.
 

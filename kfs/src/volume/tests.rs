@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 
 use super::*;
 use crate::provision::Behind;
+use crate::recovery::RecoveryError;
 
 const ME: Caller = Caller {
     client: 0,
@@ -1226,7 +1227,17 @@ fn an_inode_table_page_past_every_inode_number_is_refused() {
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all_at(&entry.to_le_bytes(), g.owner_offset(g.data.end() - 1))
         .unwrap();
-    let err = Volume::open(&path).unwrap_err().to_string();
+    let err = Volume::open(&path).unwrap_err();
+    // The store refused it, and the error names the image itself.
+    assert!(
+        matches!(
+            &err,
+            Error::Recovery { path: p, cause: RecoveryError::Load(_) } if *p == path
+        ),
+        "{err:?}"
+    );
+    let err = err.to_string();
+    assert!(err.contains(&path.display().to_string()), "{err}");
     assert!(
         err.contains("inode table index 268435455 is out of range"),
         "{err}"
