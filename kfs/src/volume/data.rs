@@ -16,7 +16,9 @@ use kucofs_common::index::blockmap::{entry_page, MapReader, MAX_FILE_PAGES, MAX_
 use kucofs_common::index::layout::I_SIZE;
 use kucofs_common::index::Kind;
 use kucofs_common::pm::{Protection, Protector, Shm, Words, BATCH_PAGES, BATCH_TIME};
-use kucofs_common::proto::{open, Extents, Reply, Request, COMMIT_PAGES_MAX, GRANT_RUNS};
+use kucofs_common::proto::{
+    open, Extents, Grant, Node, Reply, Request, COMMIT_PAGES_MAX, GRANT_RUNS,
+};
 use kucofs_common::Errno;
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
@@ -465,7 +467,9 @@ impl Volume {
                     hint,
                 };
                 created = true;
-                self.handle_inner(&create, caller.creds)?.inode
+                self.handle_inner(&create, caller.creds)?
+                    .ok_or(Errno::EIO)?
+                    .inode
             }
             Err(e) => return Err(e),
         };
@@ -491,14 +495,9 @@ impl Volume {
         if write && flags & open::TRUNC != 0 && !created {
             self.set_size(inode, ino, 0)?;
         }
-        let reply = Reply {
-            errno: 0,
-            ino,
-            inode,
-            gen,
-            // 1: this open created the file.
-            value: u64::from(created),
-            ..Reply::default()
+        let reply = Reply::Open {
+            node: Node { ino, inode, gen },
+            created,
         };
         if kind == Kind::File {
             self.ns.pin(ino);
@@ -535,7 +534,7 @@ impl Volume {
         }
         self.ns.unpin(ino)?;
         self.retire_replaced();
-        Ok(Reply::default())
+        Ok(Reply::Done)
     }
 
     /// The inode of a file `caller` holds the write lease of. A lease is
@@ -630,7 +629,7 @@ impl Volume {
                 v.set(s, n, id == caller.client, changes);
             }
         }
-        let reply = Reply::grant(runs).ok_or(Errno::EIO);
+        let reply = Grant::new(runs).map(Reply::Grant).ok_or(Errno::EIO);
         if self.settle_protection().is_err() || reply.is_err() {
             for &(s, n) in runs {
                 self.undo_grant(caller, s, n);
@@ -660,7 +659,7 @@ impl Volume {
         // Refused for a client that is not attached too: it holds no pool.
         self.pages.unpool(h, start, n)?;
         let Some(c) = self.data.clients.get_mut(&caller.client) else {
-            return Ok(Reply::default());
+            return Ok(Reply::Done);
         };
         if let (Protection::Strict, Some(v)) = (c.protection, &mut c.view) {
             // Free pages hold nothing a file reads: a failed change costs
@@ -668,7 +667,7 @@ impl Volume {
             v.set(start, n, false, &mut self.data.changes);
             let _ = self.settle_protection();
         }
-        Ok(Reply::default())
+        Ok(Reply::Done)
     }
 
     /// Zeroes the bytes of the page holding byte `old_size` from there to
@@ -755,12 +754,7 @@ impl Volume {
             self.retire_replaced();
             self.after_commit(caller, extents, time);
             self.maybe_checkpoint();
-            Ok(Reply {
-                ino,
-                inode,
-                value: new_size,
-                ..Reply::default()
-            })
+            Ok(Reply::Size(new_size))
         })
     }
 
@@ -770,12 +764,7 @@ impl Volume {
         }
         let inode = self.leased(ino, caller)?;
         self.set_size(inode, ino, size)?;
-        Ok(Reply {
-            ino,
-            inode,
-            value: size,
-            ..Reply::default()
-        })
+        Ok(Reply::Size(size))
     }
 
     fn set_size(&mut self, inode: u64, ino: u64, size: u64) -> Result<(), Errno> {
@@ -907,7 +896,7 @@ impl Volume {
     /// made them (a grant's pages are not writable until then). It takes
     /// them with [`Volume::take_protection_changes`] before releasing the
     /// lock.
-    pub fn handle_deferred(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
+    pub fn handle_deferred(&mut self, req: &Request<'_>, caller: Caller) -> Result<Reply, Errno> {
         self.data.defer = true;
         let reply =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(req, caller)));
@@ -953,20 +942,23 @@ impl Volume {
         failed: &[Failure],
         req: &Request<'_>,
         caller: Caller,
-        reply: Reply,
-    ) -> Reply {
+        reply: Result<Reply, Errno>,
+    ) -> Result<Reply, Errno> {
         self.protection_failed(failed);
-        let grant = matches!(req, Request::Grant { .. }) && reply.errno == 0;
-        if !grant || !failed.iter().any(|f| f.writable) {
+        let grant = match reply {
+            Ok(Reply::Grant(g)) if matches!(req, Request::Grant { .. }) => g,
+            _ => return reply,
+        };
+        if !failed.iter().any(|f| f.writable) {
             return reply;
         }
         // The caller's thread, which alone takes from that pool, is the
         // one asking: nothing took from the grant since. Every run of it
         // goes back: the caller, told EIO, learns of none.
-        for (start, n) in reply.granted() {
+        for (start, n) in grant.runs() {
             self.undo_grant(caller, start, n);
         }
-        Reply::err(Errno::EIO)
+        Err(Errno::EIO)
     }
 
     /// Records changes that failed: their pages count as neither writable
