@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use kucofs_common::channel::{Doorbell, Segment};
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{name_hash, IndexReader};
-use kucofs_common::proto::{Creds, Hint, Request};
+use kucofs_common::proto::{Creds, Hint, Reply, Request};
 use kucofs_common::Errno;
 use kucofs_kfs::{Client, Kfs, ServerConfig, Volume};
 
@@ -50,7 +50,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
         protection: Default::default(),
     })
     .unwrap();
-    let call = |slot: usize, req: &Request<'_>| seg.call(slot, &bell, req).and_then(|r| r.result());
+    let call = |slot: usize, req: &Request<'_>| seg.call(slot, &bell, req);
     let r = IndexReader::new(&index);
 
     call(
@@ -175,17 +175,15 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
             let p = format!("d/x{i}");
             let h = forge(&p.as_bytes()[2..], i);
             let stale_before = kfs.stats().hints_stale;
-            let reply = call(0, &create(p.as_bytes(), Some(h))).unwrap();
+            let node = call(0, &create(p.as_bytes(), Some(h)))
+                .and_then(Reply::into_node)
+                .unwrap();
             assert_eq!(
                 kfs.stats().hints_stale,
                 stale_before + 1,
                 "forgery {i} was not refused"
             );
-            assert_eq!(
-                r.resolve(p.as_bytes(), true),
-                Ok(reply.inode),
-                "forgery {i}"
-            );
+            assert_eq!(r.resolve(p.as_bytes(), true), Ok(node.inode), "forgery {i}");
             // With a path that does not, the error the path alone gives.
             let missing = format!("nowhere/x{i}");
             assert_eq!(

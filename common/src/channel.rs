@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::pm::Shm;
-use crate::proto::{Reply, Request, REPLY_SIZE, REQUEST_MAX};
+use crate::proto::{Reply, ReplyKind, Request, REPLY_SIZE, REQUEST_MAX};
 use crate::Errno;
 
 /// Slots in a segment: the client threads one process can have in the file
@@ -99,7 +99,9 @@ impl Segment {
 
     // ---- client side --------------------------------------------------------
 
-    /// Sends `req` from `slot` and waits for Kfs's reply.
+    /// Sends `req` from `slot` and waits for Kfs's reply: the reply, or
+    /// the failure Kfs answered, or `EPROTO` for a reply not of the kind
+    /// `req` expects (see [`Reply::decode`]).
     pub fn call(
         &self,
         slot: usize,
@@ -138,10 +140,10 @@ impl Segment {
         )
         .map_err(io)?;
         doorbell.ring();
-        self.wait_reply(slot, seq)
+        self.wait_reply(slot, seq, req.reply_kind())
     }
 
-    fn wait_reply(&self, slot: usize, seq: u64) -> Result<Reply, Errno> {
+    fn wait_reply(&self, slot: usize, seq: u64, expect: ReplyKind) -> Result<Reply, Errno> {
         let shm = &self.shm;
         let io = |_| Errno::EIO;
         let resp = self.word(slot, S_RESP_SEQ);
@@ -177,7 +179,7 @@ impl Segment {
         let mut r = [0u8; REPLY_SIZE];
         shm.try_read(self.word(slot, REPLY_RECORD), &mut r)
             .map_err(io)?;
-        Ok(Reply::decode(&r))
+        Reply::decode(&r, expect)
     }
 
     /// Enters the index for reading from `slot` (epoch-based reclamation,
@@ -237,7 +239,7 @@ impl Segment {
         &self,
         slot: usize,
         buf: &mut [u8; REQUEST_MAX],
-        handle: impl FnOnce(Result<Request<'_>, Errno>) -> Reply,
+        handle: impl FnOnce(Result<Request<'_>, Errno>) -> Result<Reply, Errno>,
     ) -> bool {
         let shm = &self.shm;
         let Ok(seq) = shm.try_load_u64(self.word(slot, S_REQ_SEQ), Ordering::Acquire) else {
@@ -266,7 +268,7 @@ impl Segment {
             _ => Err(Errno::EPROTO),
         };
         let reply = handle(req);
-        let _ = shm.write(self.word(slot, REPLY_RECORD), &reply.encode());
+        let _ = shm.write(self.word(slot, REPLY_RECORD), &Reply::encode(&reply));
         // Release: the reply bytes are visible before the sequence (pairs
         // with the client's Acquire load in `wait_reply`).
         let _ = shm.store_u64(self.word(slot, S_RESP_SEQ), seq, Ordering::Release);
@@ -351,7 +353,8 @@ impl Doorbell {
 mod tests {
     use super::*;
 
-    /// A minimal Kfs: answers every request with its path length as `ino`.
+    /// A minimal Kfs: answers an unlink with its path's length as the
+    /// errno, and every other request with success.
     fn serve_until(seg: &Segment, bell: &Doorbell, stop: &std::sync::atomic::AtomicBool) -> u64 {
         let mut buf = [0u8; REQUEST_MAX];
         let mut served = 0;
@@ -364,12 +367,9 @@ mod tests {
                     let s = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     any |= seg.serve(s, &mut buf, |req| match req {
-                        Ok(Request::Unlink { path, .. }) => Reply {
-                            ino: path.len() as u64,
-                            ..Reply::default()
-                        },
-                        Ok(_) => Reply::default(),
-                        Err(e) => Reply::err(e),
+                        Ok(Request::Unlink { path, .. }) => Err(Errno(path.len() as i32)),
+                        Ok(_) => Ok(Reply::Done),
+                        Err(e) => Err(e),
                     });
                     served += 1;
                 }
@@ -405,8 +405,8 @@ mod tests {
                                 rmdir: false,
                                 hint: None,
                             };
-                            let r = client.call(t, client_bell, &req).unwrap();
-                            assert_eq!(r.ino, path.len() as u64);
+                            let r = client.call(t, client_bell, &req);
+                            assert_eq!(r, Err(Errno(path.len() as i32)));
                             if i % 100 == 0 {
                                 // Long enough for Kfs to fall asleep.
                                 std::thread::sleep(Duration::from_millis(5));
@@ -441,7 +441,7 @@ mod tests {
         let mut got = None;
         assert!(seg.serve(3, &mut buf, |r| {
             got = Some(r.clone().map(|_| ()));
-            Reply::err(r.unwrap_err())
+            Err(r.unwrap_err())
         }));
         assert_eq!(got, Some(Err(Errno::EPROTO)));
         // Plausible length, garbage bytes.
@@ -451,7 +451,7 @@ mod tests {
         seg.shm
             .store_u64(seg.word(3, S_REQ_SEQ), 2, Ordering::Release)
             .unwrap();
-        assert!(seg.serve(3, &mut buf, |r| Reply::err(r.unwrap_err())));
+        assert!(seg.serve(3, &mut buf, |r| Err(r.unwrap_err())));
         // Nothing new: nothing served.
         assert!(!seg.serve(3, &mut buf, |_| unreachable!()));
     }

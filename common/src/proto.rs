@@ -13,20 +13,21 @@ use crate::Errno;
 /// Version of what a client and Kfs must agree on: the request encoding
 /// and the layout of the shared index the client reads (2: directory links
 /// carry their next node's hash tag; 3: a grant's reply carries up to
-/// [`GRANT_RUNS`] more runs).
-pub const PROTO_VERSION: u16 = 3;
+/// [`GRANT_RUNS`] more runs; 4: a reply carries a kind tag, and the
+/// fields of its kind only).
+pub const PROTO_VERSION: u16 = 4;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
 pub const HINT_SIZE: usize = 4 + 8 + 4 + 8 + 8 + 4;
 /// Encoded size of a reply.
-pub const REPLY_SIZE: usize = 32 + 8 * GRANT_RUNS;
+pub const REPLY_SIZE: usize = 24 + 8 * GRANT_RUNS;
 /// Runs a grant's reply carries beyond its first: where free pages lie
 /// scattered (every random overwrite frees one somewhere), a grant of one
 /// run would hand out a page or two, and a writer would ask for a grant
 /// before nearly every write.
 pub const GRANT_RUNS: usize = 4;
-/// A packed run of [`Reply::runs`]: the first page in the low 40 bits
+/// A packed run of a [`Grant`] after its first: the first page in the low 40 bits
 /// (page numbers fit 40 bits, as in block-map entries), the count above.
 const RUN_PAGE_BITS: u32 = 40;
 
@@ -138,8 +139,8 @@ pub enum Request<'a> {
     Ping,
     /// Open the file `path` names (following symlinks), with [`open`]
     /// flags; creating it with `mode` if asked. A write open takes the
-    /// file's write lease for this client. The reply's `value` is 1 if
-    /// this open created the file.
+    /// file's write lease for this client. Replied [`Reply::Open`], which
+    /// says whether this open created the file.
     Open {
         path: &'a [u8],
         flags: u32,
@@ -150,9 +151,8 @@ pub enum Request<'a> {
     /// share of the lease).
     Close { ino: u64, write: bool },
     /// Ask for a pool of up to `pages` free data pages for this thread's
-    /// slot, made writable for this client. The reply's `inode` is the first
-    /// page, its `value` the count, of the first run; its
-    /// [`runs`](Reply::runs) may add more ([`Reply::granted`] lists all).
+    /// slot, made writable for this client. Replied [`Reply::Grant`]: up to
+    /// 1 + [`GRANT_RUNS`] runs of pages.
     Grant { pages: u32 },
     /// Commit a copy-on-write: file pages `first..` now live in the pool
     /// pages `extents` name, in order, and the file is at least `size`
@@ -294,109 +294,282 @@ impl Extents {
     }
 }
 
-/// Kfs's answer.
+/// A created or linked node, or the file an open found or made: what a
+/// client needs to reach it in the index (ARCHITECTURE.md §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Reply {
-    /// 0, or the errno of the failure.
-    pub errno: i32,
-    /// The inode created or changed.
+pub struct Node {
+    /// Its inode number.
     pub ino: u64,
-    /// Its offset in the index.
+    /// Its inode's offset in the index.
     pub inode: u64,
-    /// Its generation.
+    /// Its inode's generation.
     pub gen: u32,
-    /// A request's own result: a granted pool's page count, the file's
-    /// size after a commit or truncation, or 1 if an open created its
-    /// file.
-    pub value: u64,
-    /// A grant's runs after its first, packed (page, count); 0 for none.
-    pub runs: [u64; GRANT_RUNS],
 }
 
-impl Reply {
-    /// A failure reply.
-    pub fn err(e: Errno) -> Reply {
-        Reply {
-            errno: e.0,
-            ..Reply::default()
-        }
-    }
+/// The runs of pool pages a grant hands out: the first run as (first
+/// page, count), up to [`GRANT_RUNS`] more packed in a word each: the
+/// first page in the low 40 bits, the count above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    first: (u64, u64),
+    /// Packed runs after the first; 0 past the last.
+    more: [u64; GRANT_RUNS],
+}
 
-    /// The reply as a result.
-    pub fn result(self) -> Result<Reply, Errno> {
-        if self.errno == 0 {
-            Ok(self)
-        } else {
-            Err(Errno(self.errno))
-        }
-    }
-
-    /// A grant's reply for `runs` of (first page, count): the first in
-    /// `inode` and `value`, up to [`GRANT_RUNS`] more packed in `runs`.
-    /// `None` for no run, too many, or one that does not pack (a page
-    /// number of more than 40 bits, a count of more than 24).
-    pub fn grant(runs: &[(u64, u64)]) -> Option<Reply> {
-        let (&(inode, value), rest) = runs.split_first()?;
-        if rest.len() > GRANT_RUNS {
+impl Grant {
+    /// A grant of `runs` of (first page, count), the first first. `None`
+    /// for no run, too many, an empty one, or one after the first that
+    /// does not pack (a page number of more than 40 bits, a count of more
+    /// than 24).
+    pub fn new(runs: &[(u64, u64)]) -> Option<Grant> {
+        let (&first, rest) = runs.split_first()?;
+        if rest.len() > GRANT_RUNS || first.1 == 0 {
             return None;
         }
-        let mut reply = Reply {
-            inode,
-            value,
-            ..Reply::default()
-        };
-        for (slot, &(page, n)) in reply.runs.iter_mut().zip(rest) {
+        let mut more = [0; GRANT_RUNS];
+        for (slot, &(page, n)) in more.iter_mut().zip(rest) {
             if page >> RUN_PAGE_BITS != 0 || n == 0 || n >> (64 - RUN_PAGE_BITS) != 0 {
                 return None;
             }
             *slot = page | n << RUN_PAGE_BITS;
         }
-        Some(reply)
+        Some(Grant { first, more })
     }
 
-    /// The runs of (first page, count) a grant's reply hands out, the
-    /// first first.
-    pub fn granted(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+    /// The first run: (first page, count).
+    pub fn first(&self) -> (u64, u64) {
+        self.first
+    }
+
+    /// Every run of (first page, count), the first first.
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let more = self
-            .runs
+            .more
             .iter()
-            .filter(|&&r| r != 0)
+            .take_while(|&&r| r != 0)
             .map(|&r| (r & ((1 << RUN_PAGE_BITS) - 1), r >> RUN_PAGE_BITS));
-        std::iter::once((self.inode, self.value))
-            .filter(|&(_, n)| n > 0)
-            .chain(more)
+        std::iter::once(self.first).chain(more)
     }
 
-    /// The fixed encoding.
-    pub fn encode(&self) -> [u8; REPLY_SIZE] {
-        let mut b = [0u8; REPLY_SIZE];
-        b[0..4].copy_from_slice(&self.errno.to_le_bytes());
-        b[4..8].copy_from_slice(&self.gen.to_le_bytes());
-        b[8..16].copy_from_slice(&self.ino.to_le_bytes());
-        b[16..24].copy_from_slice(&self.inode.to_le_bytes());
-        b[24..32].copy_from_slice(&self.value.to_le_bytes());
-        for (i, r) in self.runs.iter().enumerate() {
-            b[32 + 8 * i..40 + 8 * i].copy_from_slice(&r.to_le_bytes());
+    /// Pages in all.
+    pub fn pages(&self) -> u64 {
+        self.runs().map(|(_, n)| n).sum()
+    }
+}
+
+/// Kfs's answer to a request that succeeded: one variant per shape of
+/// result, each request expecting one (see [`Request::reply_kind`]).
+/// Failures travel as the `Err` of a `Result<Reply, Errno>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Unlink, rename, set-attributes, ping, close, unpool: nothing to
+    /// return.
+    Done,
+    /// Create (file, directory, symlink) and link: the node named.
+    Node(Node),
+    /// Open: the file, and whether this open created it.
+    Open {
+        /// The file opened.
+        node: Node,
+        /// This open created the file.
+        created: bool,
+    },
+    /// Grant: the pool pages handed out.
+    Grant(Grant),
+    /// Commit and truncate: the file's size after the change.
+    Size(u64),
+}
+
+/// The shapes of [`Reply`], and the kind tag of its encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReplyKind {
+    #[allow(missing_docs)]
+    Done = 1,
+    #[allow(missing_docs)]
+    Node = 2,
+    #[allow(missing_docs)]
+    Open = 3,
+    #[allow(missing_docs)]
+    Grant = 4,
+    #[allow(missing_docs)]
+    Size = 5,
+}
+
+/// The kind tag of a failure's encoding.
+const TAG_ERR: u8 = 0xff;
+/// Errno values a failure may carry (Linux's `MAX_ERRNO` is 4095).
+const ERRNO_MAX: i32 = 4095;
+
+// Reply encoding: byte 0 the kind tag; byte 1 an open's `created`; bytes
+// 4..8 a failure's errno or a node's generation; 8..16 a node's inode
+// number, a size, or a grant's first page; 16..24 a node's inode offset or
+// a grant's first count; then a grant's packed runs. Every other byte is 0.
+const R_TAG: usize = 0;
+const R_CREATED: usize = 1;
+const R_WORD: usize = 4;
+const R_A: usize = 8;
+const R_B: usize = 16;
+const R_RUNS: usize = 24;
+const _: () = assert!(R_RUNS + 8 * GRANT_RUNS == REPLY_SIZE);
+
+impl Reply {
+    /// The reply's shape.
+    pub fn kind(&self) -> ReplyKind {
+        match self {
+            Reply::Done => ReplyKind::Done,
+            Reply::Node(_) => ReplyKind::Node,
+            Reply::Open { .. } => ReplyKind::Open,
+            Reply::Grant(_) => ReplyKind::Grant,
+            Reply::Size(_) => ReplyKind::Size,
         }
+    }
+
+    /// A create's or link's node (or an open's); `EPROTO` for any other
+    /// reply.
+    pub fn into_node(self) -> Result<Node, Errno> {
+        match self {
+            Reply::Node(n) | Reply::Open { node: n, .. } => Ok(n),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// An open's file and whether the open created it; `EPROTO` for any
+    /// other reply.
+    pub fn into_open(self) -> Result<(Node, bool), Errno> {
+        match self {
+            Reply::Open { node, created } => Ok((node, created)),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// A grant's pages; `EPROTO` for any other reply.
+    pub fn into_grant(self) -> Result<Grant, Errno> {
+        match self {
+            Reply::Grant(g) => Ok(g),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// A commit's or truncation's size; `EPROTO` for any other reply.
+    pub fn into_size(self) -> Result<u64, Errno> {
+        match self {
+            Reply::Size(s) => Ok(s),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    /// The reply to a namespace change (ARCHITECTURE.md §6) of a request
+    /// expecting `kind`, given the node the change named, if any: that
+    /// node for a create or link, nothing for the others. `EIO` for a
+    /// create or link that named none, or a kind no such change has.
+    pub fn of_change(kind: ReplyKind, node: Option<Node>) -> Result<Reply, Errno> {
+        match kind {
+            ReplyKind::Node => node.map(Reply::Node).ok_or(Errno::EIO),
+            ReplyKind::Done => Ok(Reply::Done),
+            ReplyKind::Open | ReplyKind::Grant | ReplyKind::Size => Err(Errno::EIO),
+        }
+    }
+
+    /// The fixed encoding of a reply or a failure.
+    pub fn encode(reply: &Result<Reply, Errno>) -> [u8; REPLY_SIZE] {
+        let mut b = [0u8; REPLY_SIZE];
+        let mut put = |at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
+        let tag = match reply {
+            Err(e) => {
+                put(R_WORD, &e.0.to_le_bytes());
+                TAG_ERR
+            }
+            Ok(r) => {
+                match *r {
+                    Reply::Done => {}
+                    Reply::Node(n) | Reply::Open { node: n, .. } => {
+                        put(R_WORD, &n.gen.to_le_bytes());
+                        put(R_A, &n.ino.to_le_bytes());
+                        put(R_B, &n.inode.to_le_bytes());
+                    }
+                    Reply::Grant(g) => {
+                        put(R_A, &g.first.0.to_le_bytes());
+                        put(R_B, &g.first.1.to_le_bytes());
+                        for (i, r) in g.more.iter().enumerate() {
+                            put(R_RUNS + 8 * i, &r.to_le_bytes());
+                        }
+                    }
+                    Reply::Size(s) => put(R_A, &s.to_le_bytes()),
+                }
+                if let Reply::Open { created: true, .. } = r {
+                    put(R_CREATED, &[1]);
+                }
+                r.kind() as u8
+            }
+        };
+        b[R_TAG] = tag;
         b
     }
 
-    /// Decodes a reply.
-    pub fn decode(b: &[u8; REPLY_SIZE]) -> Reply {
+    /// Decodes a reply to a request that expects `expect`: the reply, or
+    /// the failure it carries. `EPROTO`, never a panic, for a reply of
+    /// another kind, an errno out of range, or any byte the encoding
+    /// leaves 0 that is not.
+    pub fn decode(b: &[u8; REPLY_SIZE], expect: ReplyKind) -> Result<Reply, Errno> {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| {
             let mut w = [0u8; 8];
             w.copy_from_slice(&b[i..i + 8]);
             u64::from_le_bytes(w)
         };
-        Reply {
-            errno: u32_at(0) as i32,
-            gen: u32_at(4),
-            ino: u64_at(8),
-            inode: u64_at(16),
-            value: u64_at(24),
-            runs: std::array::from_fn(|i| u64_at(32 + 8 * i)),
+        // Bytes the reply's kind leaves unused must be 0.
+        let zero = |r: std::ops::Range<usize>| b[r].iter().all(|&x| x == 0);
+        let tag = b[R_TAG];
+        if tag == TAG_ERR {
+            let e = u32_at(R_WORD) as i32;
+            if !(1..=ERRNO_MAX).contains(&e) || !zero(1..R_WORD) || !zero(R_A..REPLY_SIZE) {
+                return Err(Errno::EPROTO);
+            }
+            return Err(Errno(e));
         }
+        if tag != expect as u8 {
+            return Err(Errno::EPROTO);
+        }
+        let node = || Node {
+            ino: u64_at(R_A),
+            inode: u64_at(R_B),
+            gen: u32_at(R_WORD),
+        };
+        let (reply, ok) = match expect {
+            ReplyKind::Done => (Reply::Done, zero(1..REPLY_SIZE)),
+            ReplyKind::Node => (
+                Reply::Node(node()),
+                zero(1..R_WORD) && zero(R_RUNS..REPLY_SIZE),
+            ),
+            ReplyKind::Open => (
+                Reply::Open {
+                    node: node(),
+                    created: b[R_CREATED] == 1,
+                },
+                b[R_CREATED] <= 1 && zero(R_CREATED + 1..R_WORD) && zero(R_RUNS..REPLY_SIZE),
+            ),
+            ReplyKind::Grant => {
+                let first = (u64_at(R_A), u64_at(R_B));
+                let more: [u64; GRANT_RUNS] = std::array::from_fn(|i| u64_at(R_RUNS + 8 * i));
+                // What `Grant::new` builds: no run empty, none packed
+                // after a 0 (a packed run's page fits by construction).
+                let listed = more.iter().take_while(|&&r| r != 0).count();
+                let ok = first.1 != 0
+                    && more[..listed].iter().all(|&r| r >> RUN_PAGE_BITS != 0)
+                    && more[listed..].iter().all(|&r| r == 0)
+                    && zero(1..R_A);
+                (Reply::Grant(Grant { first, more }), ok)
+            }
+            ReplyKind::Size => (
+                Reply::Size(u64_at(R_A)),
+                zero(1..R_A) && zero(R_B..REPLY_SIZE),
+            ),
+        };
+        if !ok {
+            return Err(Errno::EPROTO);
+        }
+        Ok(reply)
     }
 }
 
@@ -654,6 +827,22 @@ impl<'a> Request<'a> {
         Ok(req)
     }
 
+    /// The shape of the reply this request expects.
+    pub fn reply_kind(&self) -> ReplyKind {
+        match self {
+            Request::Create { .. } | Request::Link { .. } => ReplyKind::Node,
+            Request::Open { .. } => ReplyKind::Open,
+            Request::Grant { .. } => ReplyKind::Grant,
+            Request::Commit { .. } | Request::Truncate { .. } => ReplyKind::Size,
+            Request::Unlink { .. }
+            | Request::Rename { .. }
+            | Request::SetAttr { .. }
+            | Request::Ping
+            | Request::Close { .. }
+            | Request::Unpool { .. } => ReplyKind::Done,
+        }
+    }
+
     /// A short name of the operation, for statistics.
     pub fn kind(&self) -> RequestKind {
         match self {
@@ -839,38 +1028,236 @@ mod tests {
         assert_eq!(req.encode(&mut buf), Err(Errno::ENAMETOOLONG));
     }
 
-    #[test]
-    fn replies_round_trip() {
-        let r = Reply {
-            errno: 2,
-            ino: 7,
-            inode: 4096,
-            gen: 3,
-            value: 9,
-            runs: [1 | 2 << 40, 0, 7 << 40, u64::MAX],
-        };
-        assert_eq!(Reply::decode(&r.encode()), r);
-        assert_eq!(r.result(), Err(Errno::ENOENT));
+    fn node() -> impl Strategy<Value = Node> {
+        (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(ino, inode, gen)| Node {
+            ino,
+            inode,
+            gen,
+        })
+    }
+
+    fn grant() -> impl Strategy<Value = Grant> {
+        (
+            (any::<u64>(), 1..u64::MAX),
+            proptest::collection::vec((0..1u64 << 40, 1..1u64 << 24), 0..=GRANT_RUNS),
+        )
+            .prop_map(|(first, rest)| {
+                let runs: Vec<_> = std::iter::once(first).chain(rest).collect();
+                Grant::new(&runs).unwrap()
+            })
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        prop_oneof![
+            Just(Reply::Done),
+            node().prop_map(Reply::Node),
+            (node(), any::<bool>()).prop_map(|(node, created)| Reply::Open { node, created }),
+            grant().prop_map(Reply::Grant),
+            any::<u64>().prop_map(Reply::Size),
+        ]
+    }
+
+    const KINDS: [ReplyKind; 5] = [
+        ReplyKind::Done,
+        ReplyKind::Node,
+        ReplyKind::Open,
+        ReplyKind::Grant,
+        ReplyKind::Size,
+    ];
+
+    proptest! {
+        #[test]
+        fn replies_round_trip_and_other_kinds_are_refused(r in reply()) {
+            let b = Reply::encode(&Ok(r));
+            for k in KINDS {
+                let want = if k == r.kind() { Ok(r) } else { Err(Errno::EPROTO) };
+                prop_assert_eq!(Reply::decode(&b, k), want);
+            }
+        }
+
+        #[test]
+        fn failures_round_trip_for_every_kind(e in 1..=ERRNO_MAX) {
+            let b = Reply::encode(&Err(Errno(e)));
+            for k in KINDS {
+                prop_assert_eq!(Reply::decode(&b, k), Err(Errno(e)));
+            }
+        }
+
+        #[test]
+        fn a_stray_byte_in_a_reply_is_refused(r in reply(), at in 0..REPLY_SIZE, x in 1..=255u8) {
+            let mut b = Reply::encode(&Ok(r));
+            b[at] ^= x;
+            // A byte the reply's kind does not use, or the tag, must be
+            // refused; a changed field of it decodes as another value of
+            // that kind (or is refused, where the kind checks the field).
+            if let Ok(back) = Reply::decode(&b, r.kind()) {
+                prop_assert_eq!(back.kind(), r.kind());
+                prop_assert_ne!(back, r);
+                prop_assert_eq!(Reply::encode(&Ok(back)), b);
+            }
+        }
+
+        #[test]
+        fn garbage_replies_never_panic(b in proptest::array::uniform32(any::<u8>()), rest in proptest::array::uniform24(any::<u8>())) {
+            let mut buf = [0u8; REPLY_SIZE];
+            buf[..32].copy_from_slice(&b);
+            buf[32..].copy_from_slice(&rest);
+            for k in KINDS {
+                if let Ok(r) = Reply::decode(&buf, k) {
+                    // Only what `encode` writes decodes.
+                    prop_assert_eq!(Reply::encode(&Ok(r)), buf);
+                }
+            }
+        }
     }
 
     #[test]
-    fn a_grant_reply_carries_its_runs_and_refuses_what_does_not_pack() {
+    fn errnos_out_of_range_and_unknown_tags_are_refused() {
+        for e in [0, -1, ERRNO_MAX + 1, i32::MIN, i32::MAX] {
+            let b = Reply::encode(&Err(Errno(e)));
+            assert_eq!(
+                Reply::decode(&b, ReplyKind::Done),
+                Err(Errno::EPROTO),
+                "{e}"
+            );
+        }
+        for tag in [0, 6, 0x7f, 0xfe] {
+            let mut b = [0u8; REPLY_SIZE];
+            b[R_TAG] = tag;
+            for k in KINDS {
+                assert_eq!(Reply::decode(&b, k), Err(Errno::EPROTO), "{tag}");
+            }
+        }
+        // An all-zero slot (a reply never written) is no reply.
+        for k in KINDS {
+            assert_eq!(Reply::decode(&[0; REPLY_SIZE], k), Err(Errno::EPROTO));
+        }
+        // An open's `created` is 0 or 1.
+        let mut b = Reply::encode(&Ok(Reply::Open {
+            node: Node::default(),
+            created: true,
+        }));
+        b[R_CREATED] = 2;
+        assert_eq!(Reply::decode(&b, ReplyKind::Open), Err(Errno::EPROTO));
+    }
+
+    #[test]
+    fn every_request_expects_the_reply_its_kind_gives() {
+        let expect = |req: Request<'_>| req.reply_kind();
+        assert_eq!(
+            expect(Request::Create {
+                path: b"a",
+                mode: 0,
+                target: b"",
+                hint: None
+            }),
+            ReplyKind::Node
+        );
+        assert_eq!(
+            expect(Request::Link {
+                from: b"a",
+                to: b"b",
+                hint: None
+            }),
+            ReplyKind::Node
+        );
+        assert_eq!(
+            expect(Request::Open {
+                path: b"a",
+                flags: 0,
+                mode: 0,
+                hint: None
+            }),
+            ReplyKind::Open
+        );
+        assert_eq!(expect(Request::Grant { pages: 1 }), ReplyKind::Grant);
+        assert_eq!(
+            expect(Request::Truncate { ino: 1, size: 0 }),
+            ReplyKind::Size
+        );
+        assert_eq!(expect(Request::Ping), ReplyKind::Done);
+        assert_eq!(
+            expect(Request::Unpool {
+                slot: 0,
+                start: 0,
+                pages: 1
+            }),
+            ReplyKind::Done
+        );
+        // A namespace change's reply: its node where the kind has one.
+        let n = Node {
+            ino: 3,
+            inode: 4096,
+            gen: 1,
+        };
+        assert_eq!(
+            Reply::of_change(ReplyKind::Node, Some(n)),
+            Ok(Reply::Node(n))
+        );
+        assert_eq!(Reply::of_change(ReplyKind::Node, None), Err(Errno::EIO));
+        assert_eq!(Reply::of_change(ReplyKind::Done, Some(n)), Ok(Reply::Done));
+        assert_eq!(Reply::of_change(ReplyKind::Grant, Some(n)), Err(Errno::EIO));
+        // The accessors refuse another kind.
+        assert_eq!(Reply::Node(n).into_node(), Ok(n));
+        assert_eq!(
+            Reply::Open {
+                node: n,
+                created: true
+            }
+            .into_open(),
+            Ok((n, true))
+        );
+        assert_eq!(
+            Reply::Open {
+                node: n,
+                created: false
+            }
+            .into_node(),
+            Ok(n)
+        );
+        assert_eq!(Reply::Done.into_node(), Err(Errno::EPROTO));
+        assert_eq!(Reply::Node(n).into_open(), Err(Errno::EPROTO));
+        assert_eq!(Reply::Size(5).into_grant(), Err(Errno::EPROTO));
+        assert_eq!(Reply::Size(5).into_size(), Ok(5));
+        assert_eq!(Reply::Done.into_size(), Err(Errno::EPROTO));
+    }
+
+    #[test]
+    fn a_grant_carries_its_runs_and_refuses_what_does_not_pack() {
         let runs = [(100, 5), (7, 1), ((1 << 40) - 1, (1 << 24) - 1), (0, 3)];
-        let r = Reply::grant(&runs).unwrap();
-        assert_eq!((r.inode, r.value), (100, 5));
-        let back = Reply::decode(&r.encode());
-        assert_eq!(back.granted().collect::<Vec<_>>(), runs);
-        // One run: nothing packed.
-        let one = Reply::grant(&[(9, 4)]).unwrap();
-        assert_eq!(one.runs, [0; GRANT_RUNS]);
-        assert_eq!(one.granted().collect::<Vec<_>>(), [(9, 4)]);
-        // Too many runs, none, a page past 40 bits, a count past 24 or 0.
-        assert!(Reply::grant(&[(1, 1); GRANT_RUNS + 2]).is_none());
-        assert!(Reply::grant(&[]).is_none());
-        assert!(Reply::grant(&[(1, 1), (1 << 40, 1)]).is_none());
-        assert!(Reply::grant(&[(1, 1), (2, 1 << 24)]).is_none());
-        assert!(Reply::grant(&[(1, 1), (2, 0)]).is_none());
-        // Not a grant: no run.
-        assert_eq!(Reply::default().granted().count(), 0);
+        let g = Grant::new(&runs).unwrap();
+        assert_eq!(g.first(), (100, 5));
+        assert_eq!(g.pages(), 5 + 1 + ((1 << 24) - 1) + 3);
+        let back = Reply::decode(&Reply::encode(&Ok(Reply::Grant(g))), ReplyKind::Grant);
+        assert_eq!(
+            back.and_then(Reply::into_grant)
+                .unwrap()
+                .runs()
+                .collect::<Vec<_>>(),
+            runs
+        );
+        // One run, of any size: nothing packed.
+        let one = Grant::new(&[(9, 1 << 50)]).unwrap();
+        assert_eq!(one.runs().collect::<Vec<_>>(), [(9, 1 << 50)]);
+        // Too many runs, none, an empty first, a page past 40 bits, a
+        // count past 24 or 0.
+        assert!(Grant::new(&[(1, 1); GRANT_RUNS + 2]).is_none());
+        assert!(Grant::new(&[]).is_none());
+        assert!(Grant::new(&[(1, 0)]).is_none());
+        assert!(Grant::new(&[(1, 1), (1 << 40, 1)]).is_none());
+        assert!(Grant::new(&[(1, 1), (2, 1 << 24)]).is_none());
+        assert!(Grant::new(&[(1, 1), (2, 0)]).is_none());
+        // On the wire: a run listed after an empty one, or an empty first.
+        let mut b = Reply::encode(&Ok(Reply::Grant(Grant::new(&[(1, 1), (5, 2)]).unwrap())));
+        b.copy_within(R_RUNS..R_RUNS + 8, R_RUNS + 8);
+        b[R_RUNS..R_RUNS + 8].fill(0);
+        assert_eq!(Reply::decode(&b, ReplyKind::Grant), Err(Errno::EPROTO));
+        let mut b = Reply::encode(&Ok(Reply::Grant(one)));
+        b[R_B..R_RUNS].fill(0);
+        assert_eq!(Reply::decode(&b, ReplyKind::Grant), Err(Errno::EPROTO));
+        // A packed run of no pages.
+        let mut b = Reply::encode(&Ok(Reply::Grant(one)));
+        b[R_RUNS] = 7;
+        assert_eq!(Reply::decode(&b, ReplyKind::Grant), Err(Errno::EPROTO));
     }
 }

@@ -41,7 +41,7 @@ use kucofs_common::index::Kind;
 use kucofs_common::pm::{
     CrashState, Hardware, Landed, Prefixes, Protection, Recorder, Space, CACHE_LINE,
 };
-use kucofs_common::proto::{open, Creds, Extents, Reply, Request, SetAttrs};
+use kucofs_common::proto::{self, open, Creds, Extents, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
 use parking_lot::Mutex;
 
@@ -789,7 +789,7 @@ fn perform(v: &mut Volume, action: &Action, after: &mut dyn FnMut(&mut Volume)) 
     let mut req = |v: &mut Volume, r: &Request<'_>| {
         let reply = v.handle(r, ME);
         after(v);
-        reply.result()
+        reply
     };
     let result = (|| -> std::result::Result<(), Errno> {
         match *action {
@@ -887,7 +887,7 @@ fn open_for_write(
     v: &mut Volume,
     path: &str,
     req: &mut Req<'_>,
-) -> std::result::Result<Reply, Errno> {
+) -> std::result::Result<proto::Node, Errno> {
     req(
         v,
         &Request::Open {
@@ -897,6 +897,7 @@ fn open_for_write(
             hint: None,
         },
     )
+    .and_then(Reply::into_node)
 }
 
 /// Writes `len` bytes tagged `tag` at `at` (or at the end) of the file
@@ -906,7 +907,7 @@ fn open_for_write(
 /// commit naming them.
 fn write(
     v: &mut Volume,
-    f: &Reply,
+    f: &proto::Node,
     at: Option<u64>,
     len: u64,
     tag: u8,
@@ -920,8 +921,8 @@ fn write(
     let mut pool = Vec::new();
     while (pool.len() as u64) < n {
         let want = (n - pool.len() as u64) as u32;
-        let g = req(v, &Request::Grant { pages: want })?;
-        for (page, count) in g.granted() {
+        let g = req(v, &Request::Grant { pages: want })?.into_grant()?;
+        for (page, count) in g.runs() {
             pool.extend(page..page + count);
         }
     }

@@ -22,7 +22,7 @@ use kucofs_common::index::{
     check_name, name_hash, IndexReader, InodeAttr, Kind, Last, Parent, PATH_MAX,
 };
 use kucofs_common::pm::{Shm, Words};
-use kucofs_common::proto::{Creds, Hint, Reply, Request};
+use kucofs_common::proto::{Creds, Hint, Node, Request};
 use kucofs_common::Errno;
 
 use crate::arena::{Arena, Attrs};
@@ -64,8 +64,8 @@ pub enum Outcome<'a> {
     /// A change to log and then [`Namespace::commit`].
     Change(Prepared<'a>),
     /// Nothing to change (e.g. renaming a name onto another name of the
-    /// same inode); reply at once.
-    Done(Reply),
+    /// same inode); reply at once, naming the node if there is one.
+    Done(Option<Node>),
 }
 
 /// Counters of how requests located their targets.
@@ -616,7 +616,7 @@ impl Namespace {
                     plan: Plan::default(),
                 }))
             }
-            Request::Ping => Ok(Outcome::Done(Reply::default())),
+            Request::Ping => Ok(Outcome::Done(None)),
             // Data requests are the volume's.
             Request::Open { .. }
             | Request::Close { .. }
@@ -838,7 +838,7 @@ impl Namespace {
                 return Err(Errno::ENOTEMPTY);
             }
             if dinode == sinode {
-                return Ok(Outcome::Done(Reply::default()));
+                return Ok(Outcome::Done(None));
             }
             let dattr = r.attr(dinode).ok_or(Errno::EIO)?;
             match (skind == Kind::Dir, dattr.kind() == Some(Kind::Dir)) {
@@ -886,28 +886,27 @@ impl Namespace {
     }
 
     /// Applies a prepared change; its log entry must already be durable.
-    pub fn commit(&mut self, p: Prepared<'_>) -> Result<Reply, Errno> {
+    /// Returns the node the change named, if any.
+    pub fn commit(&mut self, p: Prepared<'_>) -> Result<Option<Node>, Errno> {
         self.apply_planned(&p.record, p.plan)
     }
 
     /// Applies a record read back from the log. Records already applied
     /// change nothing.
-    pub fn apply(&mut self, rec: &Record<'_>) -> Result<Reply, Errno> {
+    pub fn apply(&mut self, rec: &Record<'_>) -> Result<Option<Node>, Errno> {
         self.apply_planned(rec, Plan::default())
     }
 
-    fn reply_for(&self, inode: u64) -> Reply {
+    fn reply_for(&self, inode: u64) -> Option<Node> {
         let r = self.reader();
-        Reply {
-            errno: 0,
+        Some(Node {
             ino: r.ino(inode),
             inode,
             gen: header_gen(r.header(inode)),
-            ..Reply::default()
-        }
+        })
     }
 
-    fn apply_planned(&mut self, rec: &Record<'_>, plan: Plan) -> Result<Reply, Errno> {
+    fn apply_planned(&mut self, rec: &Record<'_>, plan: Plan) -> Result<Option<Node>, Errno> {
         match rec {
             Record::Create {
                 parent,
@@ -977,7 +976,7 @@ impl Namespace {
                 let r = self.reader();
                 if found == 0 || r.ino(r.dirent_inode(found)) != *ino {
                     // Already applied (replay).
-                    return Ok(Reply::default());
+                    return Ok(None);
                 }
                 let inode = r.dirent_inode(found);
                 let is_dir = r.kind(inode) == Some(Kind::Dir);
@@ -986,7 +985,7 @@ impl Namespace {
                 if is_dir || self.add_nlink(inode, -1, *time)? == 0 {
                     self.drop_inode(inode)?;
                 }
-                Ok(Reply::default())
+                Ok(None)
             }
             Record::Rename {
                 src_parent,
@@ -1037,7 +1036,7 @@ impl Namespace {
                 // A file written while open after its last name went, and
                 // dropped since (replay after a crash): nothing to do.
                 let Ok(inode) = self.inode_of(*ino) else {
-                    return Ok(Reply::default());
+                    return Ok(None);
                 };
                 if self.reader().kind(inode) != Some(Kind::File) {
                     return Err(Errno::EINVAL);
@@ -1048,7 +1047,7 @@ impl Namespace {
             }
             Record::Truncate { ino, size, time } => {
                 let Ok(inode) = self.inode_of(*ino) else {
-                    return Ok(Reply::default());
+                    return Ok(None);
                 };
                 if self.reader().kind(inode) != Some(Kind::File) {
                     return Err(Errno::EINVAL);
@@ -1069,7 +1068,7 @@ impl Namespace {
         ino: u64,
         time: i64,
         plan: Plan,
-    ) -> Result<Reply, Errno> {
+    ) -> Result<Option<Node>, Errno> {
         let sdir = self.inode_of(src_parent)?;
         let ddir = self.inode_of(dst_parent)?;
         let inode = self.inode_of(ino)?;
@@ -1245,7 +1244,7 @@ impl Namespace {
     }
 
     /// Prepares and applies a request with no log (tests and tools).
-    pub fn execute(&mut self, req: &Request<'_>, creds: Creds) -> Result<Reply, Errno> {
+    pub fn execute(&mut self, req: &Request<'_>, creds: Creds) -> Result<Option<Node>, Errno> {
         match self.prepare(req, creds)? {
             Outcome::Done(r) => Ok(r),
             Outcome::Change(p) => self.commit(p),

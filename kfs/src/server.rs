@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use kucofs_common::channel::{Doorbell, Segment, SLOTS};
 use kucofs_common::proto::{Creds, Reply, Request, RequestKind, REQUEST_MAX};
+use kucofs_common::Errno;
 use parking_lot::Mutex;
 
 use crate::namespace::now_ns;
@@ -382,7 +383,11 @@ impl Direct {
     /// lock is released, before the reply is returned (see
     /// [`Changes`](crate::volume::Changes)): another thread's commit need
     /// not wait for them.
-    pub fn try_apply(&self, req: &Request<'_>, caller: Caller) -> Option<Reply> {
+    pub fn try_apply(
+        &self,
+        req: &Request<'_>,
+        caller: Caller,
+    ) -> Option<std::result::Result<Reply, Errno>> {
         self.apply_locked(lock_spinning(&self.volume), req, caller)
     }
 
@@ -405,7 +410,7 @@ impl Direct {
         req: &Request<'_>,
         caller: Caller,
         fill: impl FnOnce() -> std::result::Result<(), E>,
-    ) -> std::result::Result<Option<Reply>, E> {
+    ) -> std::result::Result<Option<std::result::Result<Reply, Errno>>, E> {
         let free = self.volume.try_lock();
         fill()?;
         let guard = free.unwrap_or_else(|| lock_spinning(&self.volume));
@@ -419,7 +424,7 @@ impl Direct {
         mut guard: parking_lot::MutexGuard<'_, Option<Volume>>,
         req: &Request<'_>,
         caller: Caller,
-    ) -> Option<Reply> {
+    ) -> Option<std::result::Result<Reply, Errno>> {
         let volume = guard.as_mut()?;
         let mut reply = self
             .stats
@@ -809,7 +814,7 @@ impl Server {
                     let stats = &self.stats;
                     c.segment.serve(slot, buf, |req| match req {
                         Ok(r) => stats.served(r.kind(), || volume.handle(&r, caller)),
-                        Err(e) => stats.served(RequestKind::Malformed, || Reply::err(e)),
+                        Err(e) => stats.served(RequestKind::Malformed, || Err(e)),
                     });
                     served += 1;
                 }
@@ -957,7 +962,7 @@ mod tests {
         rx.recv_timeout(Duration::from_secs(10))
             .expect("the fill waited for a lock another thread held");
         drop(held);
-        assert_eq!(applier.join().unwrap().errno, 0);
+        assert!(applier.join().unwrap().is_ok());
 
         let failed = direct.try_apply_after(&create(b"b"), caller, || Err("copy failed"));
         assert_eq!(failed.unwrap_err(), "copy failed");
@@ -973,9 +978,9 @@ mod tests {
         });
         assert!(ran);
         // "b" was not made by the failed call: this create makes it.
-        assert_eq!(again.unwrap().unwrap().errno, 0);
+        assert!(again.unwrap().unwrap().is_ok());
         let exists = direct.try_apply(&create(b"b"), caller).unwrap();
-        assert_eq!(exists.errno, libc::EEXIST);
+        assert_eq!(exists, Err(Errno::EEXIST));
     }
 
     /// A directory's table doubling that the creates started, and left
@@ -995,7 +1000,7 @@ mod tests {
         for i in 0..300 {
             let name = format!("f{i}");
             let reply = direct.try_apply(&create(name.as_bytes()), caller).unwrap();
-            assert_eq!(reply.errno, 0);
+            assert!(reply.is_ok(), "{reply:?}");
         }
         // The 257th create began doubling the table to 512 buckets, and the
         // creates since migrated a step each: not all 256 old buckets.

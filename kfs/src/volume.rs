@@ -20,7 +20,7 @@ use std::sync::Arc;
 use kucofs_common::format::meta::BatchWriter;
 use kucofs_common::format::PAGE_SIZE;
 use kucofs_common::pm::{Hardware, Persist, Protection, Protector};
-use kucofs_common::proto::{Creds, Reply, Request};
+use kucofs_common::proto::{Creds, Node, Reply, Request};
 use kucofs_common::Errno;
 
 use kucofs_common::channel::Segment;
@@ -245,23 +245,22 @@ impl Volume {
 
     /// Handles one request: check it, log it, apply it, and make the log
     /// entry durable before returning the reply.
-    pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
+    pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Result<Reply, Errno> {
         if self.failed && !matches!(req, Request::Ping | Request::Close { .. }) {
-            return Reply::err(Errno::EIO);
+            return Err(Errno::EIO);
         }
         self.fill_stock();
         let r = match self.handle_data(req, caller) {
             Some(r) => r,
-            None => self.handle_inner(req, caller.creds),
+            None => self
+                .handle_inner(req, caller.creds)
+                .and_then(|node| Reply::of_change(req.reply_kind(), node)),
         };
         // The change's log entry drained while the index took the change:
         // durable now, before the reply (and before the volume's lock is
         // released, so the next change is logged after it).
         self.log.fence(self.image.region());
-        match r {
-            Ok(r) => r,
-            Err(e) => Reply::err(e),
-        }
+        r
     }
 
     /// Takes free pages into the store's stock until it holds every page
@@ -318,7 +317,7 @@ impl Volume {
         &mut self,
         req: &Request<'_>,
         creds: Creds,
-    ) -> std::result::Result<Reply, Errno> {
+    ) -> std::result::Result<Option<Node>, Errno> {
         let p = match self.ns.prepare(req, creds)? {
             Outcome::Done(r) => return Ok(r),
             Outcome::Change(p) => p,

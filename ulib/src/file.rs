@@ -123,21 +123,24 @@ impl OpenOptions {
         }
         let p = bytes(path.as_ref());
         let mode = self.mode & 0o7777 & !fs.inner().config.umask;
-        let reply = fs.change(p, |hint| Request::Open {
-            path: p,
-            flags,
-            mode,
-            hint,
-        })?;
+        let (node, created) = fs
+            .change(p, |hint| Request::Open {
+                path: p,
+                flags,
+                mode,
+                hint,
+            })?
+            .into_open()
+            .map_err(err)?;
         let inner = fs.inner().clone();
         let kind = inner
-            .with_index(|r| r.kind(reply.inode))?
+            .with_index(|r| r.kind(node.inode))?
             .ok_or_else(|| err(Errno::EIO))?;
-        let lock = inner.range_lock(reply.ino);
+        let lock = inner.range_lock(node.ino);
         let file = File {
             fs: inner,
-            ino: reply.ino,
-            inode: reply.inode,
+            ino: node.ino,
+            inode: node.inode,
             kind,
             read: self.read,
             write,
@@ -153,7 +156,6 @@ impl OpenOptions {
         // for this process's writers). As on Linux, truncating a file that
         // was there already changes its times even when it is empty, and a
         // file this open made (Kfs's reply says so) is left alone.
-        let created = reply.value == 1;
         if self.truncate && !created {
             file.set_len(0)?;
         }
@@ -829,6 +831,7 @@ mod tests {
     }
 
     /// The region page holding file page `page` of `f`.
+    #[cfg(feature = "embedded")]
     fn page_of(f: &File, page: u64) -> u64 {
         f.fs.with_index(|r| entry_page(MapReader::of_inode(r.mem(), f.inode).entry(page)))
             .unwrap()
@@ -836,6 +839,7 @@ mod tests {
 
     /// Page `p` of the test file as written in round `round`: bytes that
     /// differ with the page, the place in it and the round.
+    #[cfg(feature = "embedded")]
     fn page_bytes(p: u64, round: u8) -> Vec<u8> {
         (0..PAGE as usize)
             .map(|i| (p as u8) ^ round ^ (i as u8))
@@ -843,6 +847,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "embedded")]
     fn reads_learn_a_front_to_back_layout_and_stay_right_when_it_breaks() {
         let (_dir, fs) = crate::fs::tests::scratch("kucofs-layout-");
         let f = OpenOptions::new()

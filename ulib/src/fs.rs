@@ -1,5 +1,6 @@
-//! The `Fs` handle: an embedded Kfs, the read-only views of index and
-//! region, and one request slot per thread that uses the handle.
+//! The `Fs` handle: the connection to Kfs (see [`crate::connection`]), the
+//! read-only views of index and region, and one request slot per thread
+//! that uses the handle.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -10,16 +11,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kucofs_common::channel::{Doorbell, Segment, SLOTS};
+use kucofs_common::channel::SLOTS;
 use kucofs_common::format::Geometry;
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Kind, NAME_MAX};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
-use kucofs_common::proto::{Creds, Extents, Hint, Reply, Request, SetAttrs};
+use kucofs_common::proto::{Extents, Hint, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
-use kucofs_kfs::{Caller, Client, Direct, Kfs, ServerConfig, StatsSnapshot, Volume, Warmer};
+#[cfg(feature = "embedded")]
+use kucofs_kfs::{ServerConfig, StatsSnapshot};
 use parking_lot::Mutex;
 
+use crate::connection::{Connection, Warmer};
 use crate::dir::ReadDir;
 use crate::metadata::{Metadata, Permissions, StatFs};
 
@@ -34,15 +37,17 @@ pub struct Config {
     pub collaborative: bool,
     /// Let a thread apply its own request under Kfs's lock, instead of
     /// handing it to the Kfs thread and waiting for the reply (embedded
-    /// mode; the request takes the same checked, logged path). Off: every
-    /// change crosses to the Kfs thread through the request slots.
+    /// mode only; the request takes the same checked, logged path). Off:
+    /// every change crosses to the Kfs thread through the request slots.
     pub direct: bool,
     /// Bits cleared from the mode of everything created (like a process's
     /// umask). By default, the process's umask when the handle is opened.
     pub umask: u32,
     /// How long committed data pages stay writable (ARCHITECTURE.md §13).
     pub protection: Protection,
-    /// How the Kfs thread polls.
+    /// How the Kfs thread polls (embedded only: the Kfs this process
+    /// runs).
+    #[cfg(feature = "embedded")]
     pub server: ServerConfig,
 }
 
@@ -53,6 +58,7 @@ impl Default for Config {
             direct: true,
             umask: process_umask(),
             protection: Protection::default(),
+            #[cfg(feature = "embedded")]
             server: ServerConfig::default(),
         }
     }
@@ -81,7 +87,8 @@ pub(crate) fn common_err(e: kucofs_common::Error) -> io::Error {
     )
 }
 
-fn kfs_err(e: kucofs_kfs::Error) -> io::Error {
+#[cfg(feature = "embedded")]
+pub(crate) fn kfs_err(e: kucofs_kfs::Error) -> io::Error {
     io::Error::new(
         io::Error::from_raw_os_error(e.errno()).kind(),
         e.to_string(),
@@ -90,35 +97,21 @@ fn kfs_err(e: kucofs_kfs::Error) -> io::Error {
 
 static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
 
-/// The most pages a commit applied directly copies under the volume's
-/// lock when it is free (see [`Inner::commit_after`]): the lock is held
-/// meanwhile, so only short copies. A 4 KiB write's copy takes a few
-/// hundred nanoseconds to drain.
-const FILL_LOCKED_PAGES: u64 = 4;
-
 /// What every handle on one open file system shares.
 #[derive(Debug)]
 pub(crate) struct Inner {
     id: u64,
     index: ShmView,
     pub(crate) region: RegionView,
-    /// This process's number at Kfs.
-    client: u32,
-    /// Kfs has stopped: requests fail with `ENOTCONN` (files may outlive
-    /// the `Fs` they were opened from).
-    closed: std::sync::atomic::AtomicBool,
     /// Each slot's page pool: runs of unused pages `(first, end)`, taken
     /// from the last.
     pools: Vec<Mutex<Vec<(u64, u64)>>>,
     /// Range locks of the files open in this process.
     range_locks: Mutex<std::collections::HashMap<u64, Weak<crate::range_lock::RangeLock>>>,
-    segment: Segment,
-    doorbell: Doorbell,
     free_slots: Mutex<Vec<usize>>,
-    kfs: Mutex<Option<Kfs>>,
-    direct: Option<Direct>,
+    /// How requests reach Kfs.
+    conn: Connection,
     pub(crate) config: Config,
-    creds: Creds,
     geometry: Geometry,
 }
 
@@ -179,66 +172,29 @@ impl Inner {
     ) -> io::Result<R> {
         let slot = self.slot()?;
         let r = IndexReader::new(&self.index);
-        self.segment.pin(slot, || r.epoch());
+        self.conn.pin(slot, || r.epoch());
         let out = f(r);
-        self.segment.unpin(slot);
+        self.conn.unpin(slot);
         Ok(out)
     }
 
-    /// Applies `req` on this thread (see [`Config::direct`]); `None` if
-    /// direct application is off or Kfs has stopped.
-    fn try_direct(&self, slot: usize, req: &Request<'_>) -> Option<io::Result<Reply>> {
-        let reply = self.direct.as_ref()?.try_apply(req, self.caller(slot))?;
-        Some(reply.result().map_err(err))
-    }
-
-    /// Who `slot`'s requests come from, as Kfs knows it.
-    fn caller(&self, slot: usize) -> Caller {
-        Caller {
-            client: self.client,
-            slot: slot as u32,
-            creds: self.creds,
-        }
-    }
-
-    /// Hands `req` to the Kfs thread through `slot` and waits for the
-    /// reply (`ENOTCONN` once Kfs has stopped).
-    fn queue(&self, slot: usize, req: &Request<'_>) -> io::Result<Reply> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(err(Errno::ENOTCONN));
-        }
-        self.segment
-            .call(slot, &self.doorbell, req)
-            .and_then(Reply::result)
-            .map_err(err)
-    }
-
     /// Where this thread applies its own commits (embedded Kfs,
-    /// [`Config::direct`]), what warms the cache ahead of one
-    /// ([`Warmer`]); `None` if commits go to Kfs.
+    /// [`Config::direct`]), what warms the cache ahead of one; `None` if
+    /// commits go to Kfs.
     pub(crate) fn warmer(&self) -> Option<&Warmer> {
-        self.direct.as_ref()?.warmer()
+        self.conn.warmer()
     }
 
     /// Sends `req` from `slot` (this thread's): applied directly if
     /// possible, else queued.
     pub(crate) fn call_as(&self, slot: usize, req: &Request<'_>) -> io::Result<Reply> {
-        match self.try_direct(slot, req) {
-            Some(r) => r,
-            None => self.queue(slot, req),
-        }
+        self.conn.call(slot, req)
     }
 
     /// Runs `fill`, which copies the pages of the commit `req` into
     /// `slot`'s pool with non-temporal stores, and sends `req` from `slot`;
-    /// the copy is durable before the commit's log entry is stored.
-    /// Applied directly, a commit of at most [`FILL_LOCKED_PAGES`] pages
-    /// leaves the copy unfenced for Kfs's code to fence, on this thread,
-    /// before the entry (see [`Direct::try_apply_after`]): its checks then
-    /// run while the copy drains. Otherwise the copy is fenced here first.
-    /// Whatever the outcome, the copy has drained when this returns, so
-    /// that pool pages a failed commit leaves behind hold no stores in
-    /// flight when they go to another thread.
+    /// the copy is durable before the commit's log entry is stored, and
+    /// has drained when this returns (see [`Connection::commit_after`]).
     pub(crate) fn commit_after(
         &self,
         slot: usize,
@@ -246,28 +202,7 @@ impl Inner {
         pages: u64,
         fill: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<Reply> {
-        match &self.direct {
-            Some(d) if pages <= FILL_LOCKED_PAGES => {
-                match d.try_apply_after(req, self.caller(slot), fill) {
-                    // Kfs fenced the copy before the commit's entry.
-                    Ok(Some(reply)) if reply.errno == 0 => Ok(reply),
-                    // Refused before its entry, a copy that failed, or Kfs
-                    // stopped: nothing fenced the copy.
-                    applied => {
-                        self.region.fence();
-                        match applied? {
-                            Some(reply) => reply.result().map_err(err),
-                            None => self.queue(slot, req),
-                        }
-                    }
-                }
-            }
-            _ => {
-                fill()?;
-                self.region.fence();
-                self.call_as(slot, req)
-            }
-        }
+        self.conn.commit_after(slot, req, pages, &self.region, fill)
     }
 
     /// Sends `req` from this thread's slot.
@@ -287,16 +222,17 @@ impl Inner {
         let mut unpooled = false;
         while out.pages() < n {
             let Some(&(start, end)) = pool.last() else {
-                match self.call_as(
-                    slot,
-                    &Request::Grant {
-                        pages: kucofs_common::proto::POOL_PAGES,
-                    },
-                ) {
-                    Ok(r) if r.value > 0 => {
+                let grant = Request::Grant {
+                    pages: kucofs_common::proto::POOL_PAGES,
+                };
+                match self
+                    .call_as(slot, &grant)
+                    .and_then(|r| r.into_grant().map_err(err))
+                {
+                    Ok(g) => {
                         // The first run on top: taken first.
                         let below = pool.len();
-                        pool.extend(r.granted().map(|(s, n)| (s, s + n)));
+                        pool.extend(g.runs().map(|(s, n)| (s, s + n)));
                         pool[below..].reverse();
                     }
                     // No page free: the pools of this process's other
@@ -316,7 +252,6 @@ impl Inner {
                     // next request meets the failure): returning an error
                     // here would strand them, out of the pool and unused.
                     _ if out.pages() > 0 => break,
-                    Ok(_) => return Err(err(Errno::EPROTO)),
                     Err(e) => return Err(e),
                 }
                 continue;
@@ -419,10 +354,20 @@ impl Fs {
     /// Makes a new file system of `size` bytes in `image` (which must not
     /// exist yet) and opens it. An image file has all its memory reserved
     /// now, as a device has it: `ENOSPC` if the file system under it has
-    /// no room for it (see [`Fs::create_sparse`]).
+    /// no room for it (see [`Fs::create_sparse`]). Embedded only (Kfs's
+    /// code makes the image): without the `embedded` feature, an
+    /// `Unsupported` error.
     pub fn create(image: impl AsRef<Path>, size: u64) -> io::Result<Fs> {
-        kucofs_kfs::mkfs(image.as_ref(), size, false).map_err(kfs_err)?;
-        Fs::open(image)
+        #[cfg(feature = "embedded")]
+        {
+            kucofs_kfs::mkfs(image.as_ref(), size, false).map_err(kfs_err)?;
+            Fs::open(image)
+        }
+        #[cfg(not(feature = "embedded"))]
+        {
+            let _ = (image, size);
+            Err(crate::connection::unsupported())
+        }
     }
 
     /// [`Fs::create`], leaving a new image file sparse: its data pages
@@ -431,23 +376,48 @@ impl Fs {
     /// superblocks, log and owner table (about 1/250 of a large image)
     /// take theirs when it is made or opened (see
     /// [`Space`](kucofs_common::pm::Space)). For an image much larger than
-    /// what it will hold.
+    /// what it will hold. Embedded only, as [`Fs::create`].
     pub fn create_sparse(image: impl AsRef<Path>, size: u64) -> io::Result<Fs> {
-        let persist = Arc::new(kucofs_common::pm::Hardware::new());
-        let space = kucofs_common::pm::Space::Sparse;
-        kucofs_kfs::mkfs_with(image.as_ref(), size, false, space, persist).map_err(kfs_err)?;
-        Fs::open(image)
+        #[cfg(feature = "embedded")]
+        {
+            let persist = Arc::new(kucofs_common::pm::Hardware::new());
+            let space = kucofs_common::pm::Space::Sparse;
+            kucofs_kfs::mkfs_with(image.as_ref(), size, false, space, persist).map_err(kfs_err)?;
+            Fs::open(image)
+        }
+        #[cfg(not(feature = "embedded"))]
+        {
+            let _ = (image, size);
+            Err(crate::connection::unsupported())
+        }
     }
 
     /// Opens the file system in `image`, recovering it if it was not closed
-    /// cleanly, with Kfs running inside this process.
+    /// cleanly, with Kfs running inside this process. Embedded only:
+    /// without the `embedded` feature there is no Kfs to run here, and
+    /// this fails with an `Unsupported` error.
     pub fn open(image: impl AsRef<Path>) -> io::Result<Fs> {
         Fs::open_with(image, Config::default())
     }
 
     /// [`Fs::open`] with a chosen configuration.
     pub fn open_with(image: impl AsRef<Path>, config: Config) -> io::Result<Fs> {
-        let volume = Volume::open(image.as_ref()).map_err(kfs_err)?;
+        #[cfg(feature = "embedded")]
+        {
+            Fs::open_embedded(image.as_ref(), config)
+        }
+        #[cfg(not(feature = "embedded"))]
+        {
+            let _ = (image, config);
+            Err(crate::connection::unsupported())
+        }
+    }
+
+    /// Opens `image` with Kfs running in this process.
+    #[cfg(feature = "embedded")]
+    fn open_embedded(image: &Path, config: Config) -> io::Result<Fs> {
+        use kucofs_kfs::Volume;
+        let volume = Volume::open(image).map_err(kfs_err)?;
         let index = volume.namespace().shm().view().map_err(common_err)?;
         let mut config = config;
         // Keys where the machine has them and the kernel tags the view;
@@ -478,41 +448,39 @@ impl Fs {
         config.server.huge_pages.get_or_insert(true);
         config.server.huge_ahead.get_or_insert(protector.is_none());
         let geometry = volume.image().superblock().geometry;
-        let segment = Segment::create().map_err(common_err)?;
-        let doorbell = Doorbell::create().map_err(common_err)?;
-        let creds = Creds {
-            uid: rustix::process::geteuid().as_raw(),
-            gid: rustix::process::getegid().as_raw(),
-        };
-        let kfs = Kfs::start(volume, &doorbell, config.server).map_err(kfs_err)?;
-        let direct = config.direct.then(|| kfs.direct());
-        let client = kfs
-            .attach(Client {
-                segment: segment.map_again().map_err(common_err)?,
-                creds,
-                protector,
-                protection: config.protection,
-            })
-            .map_err(kfs_err)?;
-        Ok(Fs {
+        let conn = Connection::embedded(
+            volume,
+            config.server,
+            protector,
+            config.protection,
+            config.direct,
+        )?;
+        Ok(Fs::connected(conn, index, region, config, geometry))
+    }
+
+    /// A handle on the file system `conn` reaches, whose index and region
+    /// this process reads through `index` and `region`.
+    #[cfg_attr(not(feature = "embedded"), allow(dead_code))]
+    fn connected(
+        conn: Connection,
+        index: ShmView,
+        region: RegionView,
+        config: Config,
+        geometry: Geometry,
+    ) -> Fs {
+        Fs {
             inner: Arc::new(Inner {
                 id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
                 index,
                 region,
-                client,
-                closed: std::sync::atomic::AtomicBool::new(false),
                 pools: (0..SLOTS).map(|_| Mutex::new(Vec::new())).collect(),
                 range_locks: Mutex::default(),
-                segment,
-                doorbell,
                 free_slots: Mutex::new((0..SLOTS).rev().collect()),
-                kfs: Mutex::new(Some(kfs)),
-                direct,
+                conn,
                 config,
-                creds,
                 geometry,
             }),
-        })
+        }
     }
 
     /// The protection mode in effect: the one asked for in [`Config`],
@@ -530,7 +498,9 @@ impl Fs {
 
     /// Stops as a crash would: no retirement of the log, no clean flag;
     /// the next open recovers from the log. For crash tests. Embedded
-    /// only: it stops the Kfs running in this process.
+    /// only (the `embedded` feature): it stops the Kfs running in this
+    /// process.
+    #[cfg(feature = "embedded")]
     pub fn simulate_crash(self) {
         let _ = self.stop(true);
     }
@@ -538,24 +508,16 @@ impl Fs {
     /// Refuses further requests and stops Kfs, cleanly or as a crash
     /// would; the first of `close`, `simulate_crash` and drop does it.
     fn stop(&self, crash: bool) -> io::Result<()> {
-        self.inner.closed.store(true, Ordering::Release);
-        let kfs = self.inner.kfs.lock().take();
-        match kfs {
-            Some(k) if crash => {
-                k.crash();
-                Ok(())
-            }
-            Some(k) => k.shutdown().map_err(kfs_err),
-            None => Ok(()),
-        }
+        self.inner.conn.stop(crash)
     }
 
     /// Retires the log into the metadata store now, if anything changed
     /// since the last retirement: recovery then has nothing to replay.
     /// Kfs also retires on its own as the log fills and when it has been
     /// idle for a while; this is for a caller that wants that work done
-    /// at a time of its choosing. Embedded only: it acts on the Kfs
-    /// running in this process.
+    /// at a time of its choosing. Embedded only (the `embedded` feature):
+    /// it acts on the Kfs running in this process.
+    #[cfg(feature = "embedded")]
     pub fn checkpoint(&self) -> io::Result<()> {
         self.with_kfs(|k| k.checkpoint().map(drop))
     }
@@ -568,7 +530,8 @@ impl Fs {
     /// own thread while idle, beside the application; this is for a caller
     /// that wants it over before a phase of its choosing, such as a
     /// benchmark's timed run after its setup wrote the files. Embedded
-    /// only: the work runs on the calling thread.
+    /// only (the `embedded` feature): the work runs on the calling thread.
+    #[cfg(feature = "embedded")]
     pub fn settle(&self) -> io::Result<()> {
         self.with_kfs(|k| {
             k.provision();
@@ -579,35 +542,35 @@ impl Fs {
     /// Bytes of the image and of the index that huge pages hold, with
     /// [`ServerConfig::huge_pages`](kucofs_kfs::ServerConfig::huge_pages)
     /// on (zero with it off, or where the kernel makes none). Embedded
-    /// only.
+    /// only (the `embedded` feature).
+    #[cfg(feature = "embedded")]
     pub fn huge_page_bytes(&self) -> io::Result<u64> {
         self.with_kfs(|k| k.huge_bytes().ok_or(Errno::ENOTCONN))
     }
 
     /// `f` on the embedded Kfs; `ENOTCONN` once it has stopped.
-    fn with_kfs<T>(&self, f: impl FnOnce(&Kfs) -> Result<T, Errno>) -> io::Result<T> {
-        match self.inner.kfs.lock().as_ref() {
-            Some(k) => f(k).map_err(err),
+    #[cfg(feature = "embedded")]
+    fn with_kfs<T>(&self, f: impl FnOnce(&kucofs_kfs::Kfs) -> Result<T, Errno>) -> io::Result<T> {
+        match self.inner.conn.with_kfs(f) {
+            Some(r) => r.map_err(err),
             None => Err(err(Errno::ENOTCONN)),
         }
     }
 
     /// Kfs's counters (requests served, mean service time per type).
-    /// Embedded only: `None` for a Kfs that is not in this process, or
-    /// once it has stopped.
+    /// Embedded only (the `embedded` feature): `None` for a Kfs that is
+    /// not in this process, or once it has stopped.
+    #[cfg(feature = "embedded")]
     pub fn kfs_stats(&self) -> Option<StatsSnapshot> {
-        self.inner.kfs.lock().as_ref().map(|k| k.stats())
+        self.inner.conn.with_kfs(|k| k.stats())
     }
 
     /// The longest time Kfs served nothing else since the last call (see
     /// `Kfs::take_longest_pause`); `None` once it has stopped. Embedded
-    /// only.
+    /// only (the `embedded` feature).
+    #[cfg(feature = "embedded")]
     pub fn take_longest_pause(&self) -> Option<std::time::Duration> {
-        self.inner
-            .kfs
-            .lock()
-            .as_ref()
-            .map(|k| k.take_longest_pause())
+        self.inner.conn.with_kfs(|k| k.take_longest_pause())
     }
 
     /// The configuration this handle was opened with.
@@ -627,7 +590,7 @@ impl Fs {
         make: impl Fn(Option<Hint>) -> Request<'p>,
     ) -> io::Result<Reply> {
         let slot = self.inner.slot()?;
-        if let Some(r) = self.inner.try_direct(slot, &make(None)) {
+        if let Some(r) = self.inner.conn.try_direct(slot, &make(None)) {
             return r;
         }
         let hint = if self.inner.config.collaborative {
@@ -635,7 +598,7 @@ impl Fs {
         } else {
             None
         };
-        self.inner.queue(slot, &make(hint))
+        self.inner.conn.queue(slot, &make(hint))
     }
 
     fn create_node(&self, path: &Path, mode: u32, target: &[u8]) -> io::Result<Reply> {
@@ -730,7 +693,7 @@ impl Fs {
             hint_to,
         };
         let slot = self.inner.slot()?;
-        if let Some(r) = self.inner.try_direct(slot, &make(None, None)) {
+        if let Some(r) = self.inner.conn.try_direct(slot, &make(None, None)) {
             return r.map(drop);
         }
         let (hint_from, hint_to) = if self.inner.config.collaborative {
@@ -738,7 +701,10 @@ impl Fs {
         } else {
             (None, None)
         };
-        self.inner.queue(slot, &make(hint_from, hint_to)).map(drop)
+        self.inner
+            .conn
+            .queue(slot, &make(hint_from, hint_to))
+            .map(drop)
     }
 
     /// Renames `from` to `to`, replacing `to` if it exists (POSIX rules).
@@ -925,13 +891,7 @@ impl Fs {
     pub fn statfs(&self) -> io::Result<StatFs> {
         let g = self.inner.geometry;
         let inodes = self.inner.with_index(|r| r.inode_count())?;
-        let (used, files_free) = self
-            .inner
-            .kfs
-            .lock()
-            .as_ref()
-            .and_then(|k| k.space())
-            .ok_or_else(|| err(Errno::ENOTCONN))?;
+        let (used, files_free) = self.inner.conn.space()?;
         // Inodes take pages from the same free space as data: the count
         // that may still be made is what the free pages hold.
         Ok(StatFs {
@@ -946,7 +906,8 @@ impl Fs {
 
     /// The credentials changes are made with.
     pub fn creds(&self) -> (u32, u32) {
-        (self.inner.creds.uid, self.inner.creds.gid)
+        let c = self.inner.conn.creds();
+        (c.uid, c.gid)
     }
 }
 
@@ -956,7 +917,8 @@ impl Drop for Fs {
     }
 }
 
-#[cfg(test)]
+/// These need a Kfs to open an image with.
+#[cfg(all(test, feature = "embedded"))]
 pub(crate) mod tests {
     use super::*;
 

@@ -7,6 +7,14 @@
 //! under Kfs's lock (the default in embedded mode), or queued to the Kfs
 //! thread with the addresses Ulib already found (collaborative indexing).
 //!
+//! Running Kfs inside the application is the `embedded` cargo feature, on
+//! by default. Without it this crate does not depend on Kfs, and
+//! [`Fs::open`] fails with an `Unsupported` error: the handle reaches Kfs
+//! only through its connection (the request slots a Kfs daemon would
+//! serve too), and the embedded-only operations (`Fs::checkpoint`,
+//! `Fs::settle`, `Fs::kfs_stats`, `Fs::simulate_crash`...) and
+//! `ServerConfig`/`StatsSnapshot` are left out.
+//!
 //! ```no_run
 //! # fn main() -> std::io::Result<()> {
 //! let fs = kucofs_ulib::Fs::create("/dev/shm/example.img", 64 << 20)?;
@@ -20,6 +28,7 @@
 //! # }
 //! ```
 
+mod connection;
 mod dir;
 mod file;
 mod fs;
@@ -30,5 +39,6 @@ pub use dir::{DirEntry, ReadDir};
 pub use file::{File, OpenOptions};
 pub use fs::{Config, Fs};
 pub use kucofs_common::pm::Protection;
+#[cfg(feature = "embedded")]
 pub use kucofs_kfs::{ServerConfig, StatsSnapshot};
 pub use metadata::{FileType, Metadata, Permissions, StatFs};

@@ -12,12 +12,12 @@ fn ns() -> Namespace {
     Namespace::new(Creds::default(), 1).unwrap()
 }
 
-fn create(ns: &mut Namespace, path: &str) -> Result<Reply, Errno> {
+fn create(ns: &mut Namespace, path: &str) -> Result<Option<Node>, Errno> {
     create_with(ns, path, None)
 }
 
 /// A file create that sends `hint` as its pre-located address.
-fn create_with(ns: &mut Namespace, path: &str, hint: Option<Hint>) -> Result<Reply, Errno> {
+fn create_with(ns: &mut Namespace, path: &str, hint: Option<Hint>) -> Result<Option<Node>, Errno> {
     ns.execute(
         &Request::Create {
             path: path.as_bytes(),
@@ -29,7 +29,7 @@ fn create_with(ns: &mut Namespace, path: &str, hint: Option<Hint>) -> Result<Rep
     )
 }
 
-fn mkdir(ns: &mut Namespace, path: &str) -> Result<Reply, Errno> {
+fn mkdir(ns: &mut Namespace, path: &str) -> Result<Option<Node>, Errno> {
     ns.execute(
         &Request::Create {
             path: path.as_bytes(),
@@ -41,7 +41,7 @@ fn mkdir(ns: &mut Namespace, path: &str) -> Result<Reply, Errno> {
     )
 }
 
-fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) -> Result<Reply, Errno> {
+fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) -> Result<Option<Node>, Errno> {
     ns.execute(
         &Request::Unlink {
             path: path.as_bytes(),
@@ -52,7 +52,7 @@ fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) -> Result<Reply, Errno> {
     )
 }
 
-fn rename(ns: &mut Namespace, from: &str, to: &str) -> Result<Reply, Errno> {
+fn rename(ns: &mut Namespace, from: &str, to: &str) -> Result<Option<Node>, Errno> {
     ns.execute(
         &Request::Rename {
             from: from.as_bytes(),
@@ -88,7 +88,7 @@ fn a_tree_is_built_read_and_torn_down() {
     let mut ns = ns();
     mkdir(&mut ns, "a").unwrap();
     mkdir(&mut ns, "a/b").unwrap();
-    let f = create(&mut ns, "a/b/f").unwrap();
+    let f = create(&mut ns, "a/b/f").unwrap().unwrap();
     assert_eq!(names(&ns, "a"), ["b"]);
     assert_eq!(names(&ns, "/a/b/"), ["f"]);
     let r = ns.reader();
@@ -188,7 +188,7 @@ fn renames_follow_posix() {
 
     // File over file: the target's inode goes away.
     let g_ino = ns.reader().ino(ns.reader().resolve(b"g", true).unwrap());
-    let f = rename(&mut ns, "f", "g").unwrap();
+    let f = rename(&mut ns, "f", "g").unwrap().unwrap();
     assert_eq!(names(&ns, "/"), ["a", "b", "g"]);
     assert_eq!(ns.reader().resolve(b"g", true).unwrap(), f.inode);
     assert_eq!(ns.reader().inode_by_ino(g_ino), 0);
@@ -338,7 +338,7 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
         let path = format!("d/x{i}");
         let h = forge(hint_for(&ns, &path))[i];
         let stale_before = ns.hint_stats().stale;
-        let reply = create_with(&mut ns, &path, Some(h)).unwrap();
+        let reply = create_with(&mut ns, &path, Some(h)).unwrap().unwrap();
         let r = ns.reader();
         // Even a hint naming another real directory: the file lands where
         // the path says.

@@ -79,7 +79,7 @@ fn path_of(rng: &mut Rng) -> String {
     format!("{dir}{name}")
 }
 
-fn handle(v: &mut Volume, req: &Request<'_>) -> Reply {
+fn handle(v: &mut Volume, req: &Request<'_>) -> Result<Reply, kucofs_common::Errno> {
     v.handle(req, ME)
 }
 
@@ -94,14 +94,14 @@ fn write(v: &mut Volume, path: &str, first: u64, pages: u32, truncate_to: Option
             hint: None,
         },
     );
-    if f.errno != 0 {
+    let Ok(f) = f.and_then(Reply::into_node) else {
         return;
-    }
+    };
     let g = handle(v, &Request::Grant { pages });
-    if g.errno == 0 {
+    if let Ok(g) = g {
         let mut extents = Extents::new();
         let mut n = 0;
-        for (s, l) in g.granted() {
+        for (s, l) in g.into_grant().unwrap().runs() {
             extents.push(s, l as u32);
             n += l;
         }
@@ -115,12 +115,13 @@ fn write(v: &mut Volume, path: &str, first: u64, pages: u32, truncate_to: Option
                 extents,
             },
         );
-        assert_eq!(c.errno, 0, "commit to {path}");
+        assert!(c.is_ok(), "commit to {path}: {c:?}");
     }
     if let Some(size) = truncate_to {
-        assert_eq!(handle(v, &Request::Truncate { ino: f.ino, size }).errno, 0);
+        let cut = handle(v, &Request::Truncate { ino: f.ino, size });
+        assert_eq!(cut, Ok(Reply::Size(size)));
     }
-    handle(
+    let _ = handle(
         v,
         &Request::Close {
             ino: f.ino,
@@ -135,7 +136,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
     let q = path_of(rng);
     match rng.below(11) {
         0..=2 => {
-            handle(
+            let _ = handle(
                 v,
                 &Request::Create {
                     path: p.as_bytes(),
@@ -146,7 +147,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             );
         }
         3 => {
-            handle(
+            let _ = handle(
                 v,
                 &Request::Unlink {
                     path: p.as_bytes(),
@@ -156,7 +157,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             );
         }
         4 => {
-            handle(
+            let _ = handle(
                 v,
                 &Request::Rename {
                     from: p.as_bytes(),
@@ -168,7 +169,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             );
         }
         5 => {
-            handle(
+            let _ = handle(
                 v,
                 &Request::Link {
                     from: p.as_bytes(),
@@ -183,7 +184,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             } else {
                 "t".repeat(100 + rng.below(200) as usize)
             };
-            handle(
+            let _ = handle(
                 v,
                 &Request::Create {
                     path: p.as_bytes(),
@@ -194,7 +195,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             );
         }
         7 => {
-            handle(
+            let _ = handle(
                 v,
                 &Request::SetAttr {
                     path: p.as_bytes(),
@@ -217,7 +218,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             // Directories come and go too (rmdir fails on full ones).
             let d = ["a", "a/b", "c", "c/e"][rng.below(4) as usize];
             if rng.below(2) == 0 {
-                handle(
+                let _ = handle(
                     v,
                     &Request::Create {
                         path: d.as_bytes(),
@@ -227,7 +228,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
                     },
                 );
             } else {
-                handle(
+                let _ = handle(
                     v,
                     &Request::Unlink {
                         path: d.as_bytes(),
@@ -261,7 +262,7 @@ fn the_image_recovers_to_the_index_after_any_changes_and_retirements() {
         v.attach_client(0, None, Default::default());
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         for d in ["a", "a/b", "c"] {
-            handle(
+            let _ = handle(
                 &mut v,
                 &Request::Create {
                     path: d.as_bytes(),

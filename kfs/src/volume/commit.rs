@@ -106,12 +106,7 @@ impl Volume {
             self.retire_replaced();
             self.after_commit(caller, extents, time);
             self.maybe_checkpoint();
-            Ok(Reply {
-                ino,
-                inode,
-                value: new_size,
-                ..Reply::default()
-            })
+            Ok(Reply::Size(new_size))
         })
     }
 
@@ -121,12 +116,7 @@ impl Volume {
         }
         let inode = self.leased(ino, caller)?;
         self.set_size(inode, ino, size)?;
-        Ok(Reply {
-            ino,
-            inode,
-            value: size,
-            ..Reply::default()
-        })
+        Ok(Reply::Size(size))
     }
 
     pub(super) fn set_size(&mut self, inode: u64, ino: u64, size: u64) -> Result<(), Errno> {

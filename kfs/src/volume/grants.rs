@@ -5,7 +5,7 @@
 
 use kucofs_common::index::blockmap::PAGE;
 use kucofs_common::pm::Protection;
-use kucofs_common::proto::{Reply, GRANT_RUNS};
+use kucofs_common::proto::{Grant, Reply, GRANT_RUNS};
 use kucofs_common::Errno;
 
 use super::{Caller, Volume};
@@ -106,7 +106,7 @@ impl Volume {
                 v.set(s, n, id == caller.client, changes);
             }
         }
-        let reply = Reply::grant(runs).ok_or(Errno::EIO);
+        let reply = Grant::new(runs).map(Reply::Grant).ok_or(Errno::EIO);
         if self.settle_protection().is_err() || reply.is_err() {
             for &(s, n) in runs {
                 self.undo_grant(caller, s, n);
@@ -136,7 +136,7 @@ impl Volume {
         // Refused for a client that is not attached too: it holds no pool.
         self.pages.unpool(h, start, n)?;
         let Some(c) = self.data.clients.get_mut(&caller.client) else {
-            return Ok(Reply::default());
+            return Ok(Reply::Done);
         };
         if let (Protection::Strict, Some(v)) = (c.protection, &mut c.view) {
             // Free pages hold nothing a file reads: a failed change costs
@@ -144,7 +144,7 @@ impl Volume {
             v.set(start, n, false, &mut self.protection.changes);
             let _ = self.settle_protection();
         }
-        Ok(Reply::default())
+        Ok(Reply::Done)
     }
 
     /// Grants `caller` up to `cap` free pages (the lowest long run if

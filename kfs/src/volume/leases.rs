@@ -3,7 +3,7 @@
 //! lease and alone may commit to it.
 
 use kucofs_common::index::Kind;
-use kucofs_common::proto::{open, Reply, Request};
+use kucofs_common::proto::{open, Node, Reply, Request};
 use kucofs_common::Errno;
 
 use super::{Caller, Volume};
@@ -36,7 +36,9 @@ impl Volume {
                     hint,
                 };
                 created = true;
-                self.handle_inner(&create, caller.creds)?.inode
+                self.handle_inner(&create, caller.creds)?
+                    .ok_or(Errno::EIO)?
+                    .inode
             }
             Err(e) => return Err(e),
         };
@@ -62,14 +64,9 @@ impl Volume {
         if write && flags & open::TRUNC != 0 && !created {
             self.set_size(inode, ino, 0)?;
         }
-        let reply = Reply {
-            errno: 0,
-            ino,
-            inode,
-            gen,
-            // 1: this open created the file.
-            value: u64::from(created),
-            ..Reply::default()
+        let reply = Reply::Open {
+            node: Node { ino, inode, gen },
+            created,
         };
         if kind == Kind::File {
             self.ns.pin(ino);
@@ -111,7 +108,7 @@ impl Volume {
         }
         self.ns.unpin(ino)?;
         self.retire_replaced();
-        Ok(Reply::default())
+        Ok(Reply::Done)
     }
 
     /// The inode of a file `caller` holds the write lease of. A lease is

@@ -395,7 +395,7 @@ impl Volume {
     /// made them (a grant's pages are not writable until then). It takes
     /// them with [`Volume::take_protection_changes`] before releasing the
     /// lock.
-    pub fn handle_deferred(&mut self, req: &Request<'_>, caller: Caller) -> Reply {
+    pub fn handle_deferred(&mut self, req: &Request<'_>, caller: Caller) -> Result<Reply, Errno> {
         self.protection.defer = true;
         let reply =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(req, caller)));
@@ -432,20 +432,23 @@ impl Volume {
         failed: &[Failure],
         req: &Request<'_>,
         caller: Caller,
-        reply: Reply,
-    ) -> Reply {
+        reply: Result<Reply, Errno>,
+    ) -> Result<Reply, Errno> {
         self.protection_failed(failed);
-        let grant = matches!(req, Request::Grant { .. }) && reply.errno == 0;
-        if !grant || !failed.iter().any(|f| f.writable) {
+        let grant = match reply {
+            Ok(Reply::Grant(g)) if matches!(req, Request::Grant { .. }) => g,
+            _ => return reply,
+        };
+        if !failed.iter().any(|f| f.writable) {
             return reply;
         }
         // The caller's thread, which alone takes from that pool, is the
         // one asking: nothing took from the grant since. Every run of it
         // goes back: the caller, told EIO, learns of none.
-        for (start, n) in reply.granted() {
+        for (start, n) in grant.runs() {
             self.undo_grant(caller, start, n);
         }
-        Reply::err(Errno::EIO)
+        Err(Errno::EIO)
     }
 
     /// Records changes that failed: their pages count as neither writable

@@ -9,6 +9,50 @@ use super::*;
 use crate::provision::Behind;
 use crate::recovery::RecoveryError;
 
+/// What [`Volume::handle`] answers.
+type Answer = std::result::Result<Reply, Errno>;
+
+/// The fields of an answer the tests below look at, whatever its kind: 0
+/// or the errno; a node's inode number and offset (a grant's first page in
+/// `inode`); a grant's first count, a size, or 1 for an open that created
+/// its file in `value`; a grant's runs.
+trait Fields {
+    fn errno(&self) -> i32;
+    fn ino(&self) -> u64;
+    fn inode(&self) -> u64;
+    fn value(&self) -> u64;
+    fn granted(&self) -> std::vec::IntoIter<(u64, u64)>;
+}
+
+impl Fields for Answer {
+    fn errno(&self) -> i32 {
+        self.as_ref().err().map_or(0, |e| e.0)
+    }
+    fn ino(&self) -> u64 {
+        self.and_then(Reply::into_node).map_or(0, |n| n.ino)
+    }
+    fn inode(&self) -> u64 {
+        match self {
+            Ok(Reply::Grant(g)) => g.first().0,
+            r => r.and_then(Reply::into_node).map_or(0, |n| n.inode),
+        }
+    }
+    fn value(&self) -> u64 {
+        match *self {
+            Ok(Reply::Grant(g)) => g.first().1,
+            Ok(Reply::Size(s)) => s,
+            Ok(Reply::Open { created, .. }) => u64::from(created),
+            _ => 0,
+        }
+    }
+    fn granted(&self) -> std::vec::IntoIter<(u64, u64)> {
+        let runs: Vec<_> = self
+            .and_then(Reply::into_grant)
+            .map_or(Vec::new(), |g| g.runs().collect());
+        runs.into_iter()
+    }
+}
+
 const ME: Caller = Caller {
     client: 0,
     slot: 0,
@@ -50,7 +94,7 @@ fn sparse_volume_of(bytes: u64) -> (tempfile::TempDir, std::path::PathBuf, Volum
 }
 
 /// Opens (creating) `path` for writing.
-fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Reply {
+fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Answer {
     v.handle(
         &Request::Open {
             path: path.as_bytes(),
@@ -75,7 +119,7 @@ fn commit(ino: u64, first: u64, size: u64, start: u64, len: u32) -> Request<'sta
     }
 }
 
-fn create(v: &mut Volume, path: &str, dir: bool) -> Reply {
+fn create(v: &mut Volume, path: &str, dir: bool) -> Answer {
     let mode = if dir {
         libc::S_IFDIR | 0o755
     } else {
@@ -116,9 +160,9 @@ fn tree(ns: &Namespace) -> BTreeMap<String, (Kind, u32, u32, u64)> {
 fn a_tree_survives_a_clean_close_and_a_crash() {
     let (_dir, path, mut v) = volume();
     assert!(!v.image().superblock().clean);
-    create(&mut v, "a", true);
-    create(&mut v, "a/f", false);
-    v.handle(
+    let _ = create(&mut v, "a", true);
+    let _ = create(&mut v, "a/f", false);
+    let _ = v.handle(
         &Request::Link {
             from: b"a/f",
             to: b"g",
@@ -135,8 +179,8 @@ fn a_tree_survives_a_clean_close_and_a_crash() {
     assert_eq!(tree(v.namespace()), before);
     assert_eq!(v.replayed().entries, 0, "a clean close leaves an empty log");
     // Changes after the reopen, then a crash: the log carries them.
-    create(&mut v, "a/h", false);
-    v.handle(
+    let _ = create(&mut v, "a/h", false);
+    let _ = v.handle(
         &Request::Unlink {
             path: b"g",
             rmdir: false,
@@ -159,10 +203,10 @@ fn checkpoints_taken_as_the_log_fills_lose_nothing() {
     // An 8 MiB image has a 512 KiB log: a checkpoint every ~3000 changes.
     crate::mkfs(&path, 8 << 20, false).unwrap();
     let mut v = Volume::open(&path).unwrap();
-    create(&mut v, "d", true);
+    let _ = create(&mut v, "d", true);
     for i in 0..8000 {
         let r = create(&mut v, &format!("d/file-with-a-longish-name-{i}"), false);
-        assert_eq!(r.errno, 0, "create {i}");
+        assert_eq!(r.errno(), 0, "create {i}");
         if i % 2 == 0 {
             let p = format!("d/file-with-a-longish-name-{i}");
             assert_eq!(
@@ -174,7 +218,7 @@ fn checkpoints_taken_as_the_log_fills_lose_nothing() {
                     },
                     ME
                 )
-                .errno,
+                .errno(),
                 0
             );
         }
@@ -247,9 +291,9 @@ fn every_crash_image_of_a_create_recovers_to_before_or_after() {
         &path,
         "create",
         |v| {
-            create(v, "keep", false);
+            let _ = create(v, "keep", false);
         },
-        |v, _| assert_eq!(create(v, "new", true).errno, 0),
+        |v, _| assert_eq!(create(v, "new", true).errno(), 0),
         |v, _| tree(v.namespace()),
     );
 }
@@ -269,19 +313,20 @@ fn a_commit_is_durable_at_its_reply_and_whole_in_every_crash_image() {
         |v| a_file_and_a_grant(v, 2),
         |v, (f, g)| {
             assert_eq!(
-                v.handle(&commit(f.ino, 1, 2 * 4096, g.inode, 1), ME).errno,
+                v.handle(&commit(f.ino(), 1, 2 * 4096, g.inode(), 1), ME)
+                    .errno(),
                 0
             )
         },
         |v, (f, _)| {
-            let inode = v.ns.file_inode(f.ino).unwrap();
+            let inode = v.ns.file_inode(f.ino()).unwrap();
             let mut pages = Vec::new();
             v.ns.file_pages(inode, |p, d| pages.push((p, d)));
             let size = v.ns.shm_u64(inode + kucofs_common::index::layout::I_SIZE);
             (size, pages)
         },
     );
-    assert_eq!(after, (2 * 4096, vec![(1, g.inode)]));
+    assert_eq!(after, (2 * 4096, vec![(1, g.inode())]));
 }
 
 /// A client thread applying its own commit copies the commit's data just
@@ -300,11 +345,14 @@ fn a_commit_fences_the_data_stored_before_it_ahead_of_its_entry() {
         |v| a_file_and_a_grant(v, 1),
         |v, (f, g)| {
             let region = v.image.region();
-            region.write_nt(g.inode * PAGE, &data).unwrap();
-            assert_eq!(v.handle(&commit(f.ino, 0, 64, g.inode, 1), ME).errno, 0)
+            region.write_nt(g.inode() * PAGE, &data).unwrap();
+            assert_eq!(
+                v.handle(&commit(f.ino(), 0, 64, g.inode(), 1), ME).errno(),
+                0
+            )
         },
         |v, (f, _)| {
-            let inode = v.ns.file_inode(f.ino).unwrap();
+            let inode = v.ns.file_inode(f.ino()).unwrap();
             let mut pages = Vec::new();
             v.ns.file_pages(inode, |p, d| pages.push((p, d)));
             let held = pages.first().map(|&(_, d)| {
@@ -320,11 +368,11 @@ fn a_commit_fences_the_data_stored_before_it_ahead_of_its_entry() {
 
 /// Clients 0 (`ME`) and 1, without views; client 0 has file "f" open for
 /// writing. Returns client 1 and the open.
-fn two_clients_one_writing(v: &mut Volume) -> (Caller, Reply) {
+fn two_clients_one_writing(v: &mut Volume) -> (Caller, Answer) {
     v.attach_client(0, None, Default::default());
     v.attach_client(1, None, Default::default());
     let f = open_for_write(v, ME, "f");
-    assert_eq!(f.errno, 0);
+    assert_eq!(f.errno(), 0);
     (Caller { client: 1, ..ME }, f)
 }
 
@@ -336,14 +384,14 @@ fn two_clients_one_writing(v: &mut Volume) -> (Caller, Reply) {
 fn a_detached_client_loses_its_leases_opens_and_pools() {
     let (_dir, _, mut v) = volume();
     let (other, f) = two_clients_one_writing(&mut v);
-    assert_eq!(open_for_write(&mut v, other, "f").errno, libc::ETXTBSY);
+    assert_eq!(open_for_write(&mut v, other, "f").errno(), libc::ETXTBSY);
     let free = v.pages().free_pages();
     let g = v.handle(&Request::Grant { pages: 8 }, ME);
-    assert_eq!((g.errno, g.value), (0, 8));
-    let commit = commit(f.ino, 0, 10, g.inode, 1);
+    assert_eq!((g.errno(), g.value()), (0, 8));
+    let commit = commit(f.ino(), 0, 10, g.inode(), 1);
     // Not the lease holder: refused; the holder: accepted.
-    assert_eq!(v.handle(&commit, other).errno, libc::EBADF);
-    assert_eq!(v.handle(&commit, ME).errno, 0);
+    assert_eq!(v.handle(&commit, other).errno(), libc::EBADF);
+    assert_eq!(v.handle(&commit, ME).errno(), 0);
     // Unlinked while open, the file stays until its opener goes.
     assert_eq!(
         v.handle(
@@ -354,29 +402,29 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
             },
             ME
         )
-        .errno,
+        .errno(),
         0
     );
-    assert_eq!(v.namespace().file_inode(f.ino), Ok(f.inode));
+    assert_eq!(v.namespace().file_inode(f.ino()), Ok(f.inode()));
     v.detach_client(0).unwrap();
-    assert_eq!(v.namespace().file_inode(f.ino), Err(Errno::ENOENT));
+    assert_eq!(v.namespace().file_inode(f.ino()), Err(Errno::ENOENT));
     // Seven unused pool pages came back at once; the committed one waits
     // for its grace period.
     assert_eq!(v.pages().free_pages(), free - 1);
     assert!(v.reclaim_now() > 0);
     assert_eq!(v.pages().free_pages(), free);
     let g2 = open_for_write(&mut v, other, "f");
-    assert_eq!(g2.errno, 0);
+    assert_eq!(g2.errno(), 0);
     v.close().unwrap();
 }
 
 /// Client 0, attached under batched protection with a view of its own,
 /// and its open for writing of file "f".
-fn batched_writer(v: &mut Volume) -> (kucofs_common::pm::RegionView, Reply) {
+fn batched_writer(v: &mut Volume) -> (kucofs_common::pm::RegionView, Answer) {
     let view = v.image().region().view().unwrap();
     v.attach_client(0, view.protector(), kucofs_common::pm::Protection::Batched);
     let f = open_for_write(v, ME, "f");
-    assert_eq!(f.errno, 0);
+    assert_eq!(f.errno(), 0);
     (view, f)
 }
 
@@ -387,7 +435,7 @@ fn batched_writer_and_a_client_under_off(
     v: &mut Volume,
 ) -> (
     kucofs_common::pm::RegionView,
-    Reply,
+    Answer,
     kucofs_common::pm::RegionView,
     Caller,
 ) {
@@ -405,11 +453,11 @@ fn batched_writer_and_a_client_under_off(
 /// commits file page 0 of `f` into the first of them, then into the
 /// second, so the first is replaced; then lets the batch expire. Returns
 /// the grant's reply.
-fn replace_a_page_within_a_batch(v: &mut Volume, f: &Reply, pages: u32) -> Reply {
+fn replace_a_page_within_a_batch(v: &mut Volume, f: &Answer, pages: u32) -> Answer {
     let g = v.handle(&Request::Grant { pages }, ME);
-    assert_eq!(g.errno, 0);
-    for page in [g.inode, g.inode + 1] {
-        assert_eq!(v.handle(&commit(f.ino, 0, 1, page, 1), ME).errno, 0);
+    assert_eq!(g.errno(), 0);
+    for page in [g.inode(), g.inode() + 1] {
+        assert_eq!(v.handle(&commit(f.ino(), 0, 1, page, 1), ME).errno(), 0);
     }
     let_the_batches_expire(v);
     g
@@ -451,21 +499,24 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
         let me = Caller { client, ..ME };
         v.attach_client(client, view.protector(), mode);
         let f = open_for_write(&mut v, me, &format!("f{client}"));
-        assert_eq!(f.errno, 0);
+        assert_eq!(f.errno(), 0);
         let g = v.handle(&Request::Grant { pages: 4 }, me);
-        assert_eq!(g.errno, 0);
-        assert_eq!(perms(&view, g.inode), "rw");
-        assert_eq!(v.handle(&commit(f.ino, 0, 1, g.inode, 1), me).errno, 0);
+        assert_eq!(g.errno(), 0);
+        assert_eq!(perms(&view, g.inode()), "rw");
+        assert_eq!(
+            v.handle(&commit(f.ino(), 0, 1, g.inode(), 1), me).errno(),
+            0
+        );
         match mode {
-            Protection::Strict => assert_eq!(perms(&view, g.inode), "r-"),
+            Protection::Strict => assert_eq!(perms(&view, g.inode()), "r-"),
             _ => {
-                assert_eq!(perms(&view, g.inode), "rw");
+                assert_eq!(perms(&view, g.inode()), "rw");
                 let_the_batches_expire(&mut v);
-                assert_eq!(perms(&view, g.inode), "r-");
+                assert_eq!(perms(&view, g.inode()), "r-");
             }
         }
         // The rest of the pool stays writable.
-        assert_eq!(perms(&view, g.inode + 1), "rw");
+        assert_eq!(perms(&view, g.inode() + 1), "rw");
     }
     v.close().unwrap();
 }
@@ -485,19 +536,19 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
         },
         ME,
     );
-    assert_eq!(g.errno, 0);
-    assert_eq!(g.value, BATCH_PAGES + 1);
+    assert_eq!(g.errno(), 0);
+    assert_eq!(g.value(), BATCH_PAGES + 1);
     // Commits of up to 256 pages each: few enough to fit inside the
     // batch's time bound even in a debug build.
     let commit_run = |v: &mut Volume, first: u64, n: u64| {
         let c = commit(
-            f.ino,
+            f.ino(),
             first,
             (first + n - 1) * 4096 + 1,
-            g.inode + first,
+            g.inode() + first,
             n as u32,
         );
-        assert_eq!(v.handle(&c, ME).errno, 0);
+        assert_eq!(v.handle(&c, ME).errno(), 0);
     };
     let started = std::time::Instant::now();
     let mut first = 0;
@@ -509,7 +560,7 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
     let fast = started.elapsed() < BATCH_TIME;
     if fast {
         // One page short of a batch, and inside its time bound.
-        assert_eq!(perms(&view, g.inode), "rw");
+        assert_eq!(perms(&view, g.inode()), "rw");
     }
     commit_run(&mut v, BATCH_PAGES - 1, 1);
     if !fast || started.elapsed() >= BATCH_TIME {
@@ -520,10 +571,10 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
         return;
     }
     for i in [0, BATCH_PAGES - 1] {
-        assert_eq!(perms(&view, g.inode + i), "r-", "page {i}");
+        assert_eq!(perms(&view, g.inode() + i), "r-", "page {i}");
     }
     // The pool's last page was not committed: still writable.
-    assert_eq!(perms(&view, g.inode + BATCH_PAGES), "rw");
+    assert_eq!(perms(&view, g.inode() + BATCH_PAGES), "rw");
     v.close().unwrap();
 }
 
@@ -537,27 +588,27 @@ fn a_batch_flush_spares_pool_pages_and_replaced_pages() {
     let (view, f, other_view, other) = batched_writer_and_a_client_under_off(&mut v);
     // File page 0 lives in g.inode, then in g.inode + 1.
     let g = replace_a_page_within_a_batch(&mut v, &f, 4);
-    assert_eq!(perms(&view, g.inode + 1), "r-", "in the file");
-    assert_eq!(perms(&view, g.inode), "rw", "replaced");
-    assert_eq!(perms(&view, g.inode + 2), "rw", "in the pool");
+    assert_eq!(perms(&view, g.inode() + 1), "r-", "in the file");
+    assert_eq!(perms(&view, g.inode()), "rw", "replaced");
+    assert_eq!(perms(&view, g.inode() + 2), "rw", "in the pool");
     // Once free, the replaced page is the lowest free page; another client
     // (under `off`, which takes the lowest) gets it, writable for it only.
     v.reclaim_now();
     let o = v.handle(&Request::Grant { pages: 1 }, other);
-    assert_eq!(o.errno, 0);
-    assert_eq!(o.inode, g.inode);
-    assert_eq!(perms(&view, g.inode), "r-");
-    assert_eq!(perms(&other_view, g.inode), "rw");
+    assert_eq!(o.errno(), 0);
+    assert_eq!(o.inode(), g.inode());
+    assert_eq!(perms(&view, g.inode()), "r-");
+    assert_eq!(perms(&other_view, g.inode()), "rw");
     // A batch of two runs with a pool page between them: one flush, and
     // the pool page stays writable.
     let g = v.handle(&Request::Grant { pages: 4 }, ME);
-    assert_eq!(g.errno, 0);
-    for (page, at) in [(1, g.inode), (2, g.inode + 2)] {
-        let c = commit(f.ino, page, page * 4096 + 1, at, 1);
-        assert_eq!(v.handle(&c, ME).errno, 0);
+    assert_eq!(g.errno(), 0);
+    for (page, at) in [(1, g.inode()), (2, g.inode() + 2)] {
+        let c = commit(f.ino(), page, page * 4096 + 1, at, 1);
+        assert_eq!(v.handle(&c, ME).errno(), 0);
     }
     let_the_batches_expire(&mut v);
-    let got: Vec<String> = (0..4).map(|i| perms(&view, g.inode + i)).collect();
+    let got: Vec<String> = (0..4).map(|i| perms(&view, g.inode() + i)).collect();
     assert_eq!(got, ["r-", "rw", "r-", "rw"]);
     v.close().unwrap();
 }
@@ -573,11 +624,15 @@ fn a_page_replaced_within_its_batch_is_granted_back_writable() {
     let g = replace_a_page_within_a_batch(&mut v, &f, 4);
     v.reclaim_now();
     let again = v.handle(&Request::Grant { pages: 1 }, ME);
-    assert_eq!(again.errno, 0);
-    assert_eq!((again.inode, again.value), (g.inode, 1));
-    assert_eq!(perms(&view, g.inode), "rw");
+    assert_eq!(again.errno(), 0);
+    assert_eq!((again.inode(), again.value()), (g.inode(), 1));
+    assert_eq!(perms(&view, g.inode()), "rw");
     // It takes a commit like any pool page.
-    assert_eq!(v.handle(&commit(f.ino, 1, 4097, g.inode, 1), ME).errno, 0);
+    assert_eq!(
+        v.handle(&commit(f.ino(), 1, 4097, g.inode(), 1), ME)
+            .errno(),
+        0
+    );
     v.close().unwrap();
 }
 
@@ -590,22 +645,22 @@ fn deferred_protection_changes_wait_for_the_caller() {
     let (_dir, _, mut v) = volume();
     let (view, _f) = batched_writer(&mut v);
     // Any request first tops up the metadata store's stock of pages.
-    v.handle(&Request::Ping, ME);
+    let _ = v.handle(&Request::Ping, ME);
     let free = v.pages().free_pages();
     let g = v.handle_deferred(&Request::Grant { pages: 4 }, ME);
-    assert_eq!(g.errno, 0);
-    assert_eq!(perms(&view, g.inode), "r-", "deferred");
+    assert_eq!(g.errno(), 0);
+    assert_eq!(perms(&view, g.inode()), "r-", "deferred");
     let changes = v.take_protection_changes();
     assert!(!changes.is_empty());
     let order = v.protection_order();
     let order = order.lock();
     assert_eq!(changes.make(), []);
     drop(order);
-    assert_eq!(perms(&view, g.inode), "rw");
-    assert_eq!(perms(&view, g.inode + 3), "rw");
+    assert_eq!(perms(&view, g.inode()), "rw");
+    assert_eq!(perms(&view, g.inode() + 3), "rw");
     let h = v.handle(&Request::Grant { pages: 4 }, ME);
-    assert_eq!(h.errno, 0);
-    assert_eq!(perms(&view, h.inode), "rw", "not deferred");
+    assert_eq!(h.errno(), 0);
+    assert_eq!(perms(&view, h.inode()), "rw", "not deferred");
     assert!(v.take_protection_changes().is_empty());
     // Taken back as after a failed change: free again, and counted
     // neither writable nor read-only, so a batched grant passes the short
@@ -613,17 +668,20 @@ fn deferred_protection_changes_wait_for_the_caller() {
     // writable would be handed out with no change.
     let failed = [Failure {
         client: 0,
-        first: g.inode,
-        pages: g.value,
+        first: g.inode(),
+        pages: g.value(),
         writable: true,
     }];
     let grant = Request::Grant { pages: 4 };
     let r = v.deferred_changes_failed(&failed, &grant, ME, g);
-    assert_eq!(r.errno, libc::EIO);
-    assert_eq!(v.pages().free_pages(), free - h.value);
-    assert_eq!(v.pages().lowest_free(u64::MAX), Some((g.inode, g.value)));
+    assert_eq!(r.errno(), libc::EIO);
+    assert_eq!(v.pages().free_pages(), free - h.value());
+    assert_eq!(
+        v.pages().lowest_free(u64::MAX),
+        Some((g.inode(), g.value()))
+    );
     let again = v.handle(&Request::Grant { pages: 4 }, ME);
-    assert_eq!((again.errno, again.inode), (0, h.inode + h.value));
+    assert_eq!((again.errno(), again.inode()), (0, h.inode() + h.value()));
     v.close().unwrap();
 }
 
@@ -636,25 +694,32 @@ fn a_page_whose_change_failed_is_changed_at_the_next_decision() {
     let (_dir, _, mut v) = volume();
     let (view, f, other_view, other) = batched_writer_and_a_client_under_off(&mut v);
     let g = v.handle(&Request::Grant { pages: 4 }, ME);
-    assert_eq!(g.errno, 0);
-    assert_eq!(v.handle(&commit(f.ino, 0, 1, g.inode, 1), ME).errno, 0);
+    assert_eq!(g.errno(), 0);
+    assert_eq!(
+        v.handle(&commit(f.ino(), 0, 1, g.inode(), 1), ME).errno(),
+        0
+    );
     let_the_batches_expire(&mut v);
-    assert_eq!(perms(&view, g.inode), "r-");
+    assert_eq!(perms(&view, g.inode()), "r-");
     // As if that flip had failed: still writable, and said so.
-    view.protector().unwrap().set(g.inode, 1, true).unwrap();
+    view.protector().unwrap().set(g.inode(), 1, true).unwrap();
     v.protection_failed(&[Failure {
         client: 0,
-        first: g.inode,
+        first: g.inode(),
         pages: 1,
         writable: false,
     }]);
     // Replaced, freed, and granted to the other client.
-    assert_eq!(v.handle(&commit(f.ino, 0, 1, g.inode + 1, 1), ME).errno, 0);
+    assert_eq!(
+        v.handle(&commit(f.ino(), 0, 1, g.inode() + 1, 1), ME)
+            .errno(),
+        0
+    );
     v.reclaim_now();
     let o = v.handle(&Request::Grant { pages: 1 }, other);
-    assert_eq!((o.errno, o.inode), (0, g.inode));
-    assert_eq!(perms(&view, g.inode), "r-");
-    assert_eq!(perms(&other_view, g.inode), "rw");
+    assert_eq!((o.errno(), o.inode()), (0, g.inode()));
+    assert_eq!(perms(&view, g.inode()), "r-");
+    assert_eq!(perms(&other_view, g.inode()), "rw");
     v.close().unwrap();
 }
 
@@ -662,21 +727,24 @@ fn a_page_whose_change_failed_is_changed_at_the_next_decision() {
 fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed_right() {
     let (_dir, _, mut v) = volume();
     let (other, f) = two_clients_one_writing(&mut v);
-    let close = |write| Request::Close { ino: f.ino, write };
-    assert_eq!(v.handle(&close(false), ME).errno, libc::EBADF);
-    assert_eq!(open_for_write(&mut v, other, "f").errno, libc::ETXTBSY);
-    assert_eq!(v.handle(&close(true), ME).errno, 0);
-    assert_eq!(open_for_write(&mut v, other, "f").errno, 0);
+    let close = |write| Request::Close {
+        ino: f.ino(),
+        write,
+    };
+    assert_eq!(v.handle(&close(false), ME).errno(), libc::EBADF);
+    assert_eq!(open_for_write(&mut v, other, "f").errno(), libc::ETXTBSY);
+    assert_eq!(v.handle(&close(true), ME).errno(), 0);
+    assert_eq!(open_for_write(&mut v, other, "f").errno(), 0);
     v.close().unwrap();
 }
 
 /// Attaches client 0 with no view, opens "f" for writing and grants the
 /// client `pages` pages: the file and the grant.
-fn a_file_and_a_grant(v: &mut Volume, pages: u32) -> (Reply, Reply) {
+fn a_file_and_a_grant(v: &mut Volume, pages: u32) -> (Answer, Answer) {
     v.attach_client(0, None, Default::default());
     let f = open_for_write(v, ME, "f");
     let g = v.handle(&Request::Grant { pages }, ME);
-    assert_eq!(g.errno, 0);
+    assert_eq!(g.errno(), 0);
     (f, g)
 }
 
@@ -696,21 +764,21 @@ fn a_grant_among_scattered_free_pages_hands_out_several_runs() {
     for p in (0..64).step_by(2) {
         let unpool = Request::Unpool {
             slot: ME.slot,
-            start: g.inode + p,
+            start: g.inode() + p,
             pages: 1,
         };
-        assert_eq!(v.handle(&unpool, ME).errno, 0);
+        assert_eq!(v.handle(&unpool, ME).errno(), 0);
     }
     let r = v.handle(&Request::Grant { pages: 8 }, ME);
-    assert_eq!(r.errno, 0);
+    assert_eq!(r.errno(), 0);
     let runs: Vec<(u64, u64)> = r.granted().collect();
     let singles: Vec<(u64, u64)> = (0..=kucofs_common::proto::GRANT_RUNS as u64)
-        .map(|i| (g.inode + 2 * i, 1))
+        .map(|i| (g.inode() + 2 * i, 1))
         .collect();
     assert_eq!(runs, singles);
     // A page of the last run is the caller's to commit.
     let (last, _) = runs[kucofs_common::proto::GRANT_RUNS];
-    assert_eq!(v.handle(&commit(f.ino, 0, 4096, last, 1), ME).errno, 0);
+    assert_eq!(v.handle(&commit(f.ino(), 0, 4096, last, 1), ME).errno(), 0);
     // No more than asked: a grant of 2 takes two singles.
     let two = v.handle(&Request::Grant { pages: 2 }, ME);
     assert_eq!(two.granted().map(|(_, n)| n).sum::<u64>(), 2);
@@ -722,11 +790,11 @@ fn a_grant_among_scattered_free_pages_hands_out_several_runs() {
 fn a_commit_of_pages_past_the_size_it_names_is_refused() {
     let (_dir, path, mut v) = volume();
     let (f, g) = a_file_and_a_grant(&mut v, 1);
-    let commit = |first, size| commit(f.ino, first, size, g.inode, 1);
+    let commit = |first, size| commit(f.ino(), first, size, g.inode(), 1);
     // Page 100 starts at byte 409,600: a size of 1 does not reach it.
-    assert_eq!(v.handle(&commit(100, 1), ME).errno, libc::EINVAL);
-    assert_eq!(v.handle(&commit(100, 100 * 4096), ME).errno, libc::EINVAL);
-    assert_eq!(v.handle(&commit(100, 100 * 4096 + 1), ME).errno, 0);
+    assert_eq!(v.handle(&commit(100, 1), ME).errno(), libc::EINVAL);
+    assert_eq!(v.handle(&commit(100, 100 * 4096), ME).errno(), libc::EINVAL);
+    assert_eq!(v.handle(&commit(100, 100 * 4096 + 1), ME).errno(), 0);
     v.close().unwrap();
     assert!(crate::fsck(&path).unwrap().problems.is_empty());
 }
@@ -739,18 +807,18 @@ fn a_warmer_finds_the_entry_a_commit_made() {
     let (_dir, _, mut v) = volume();
     let (f, g) = a_file_and_a_grant(&mut v, 2);
     assert_eq!(
-        v.handle(&commit(f.ino, 3, 4 * 4096, g.inode + 1, 1), ME)
-            .errno,
+        v.handle(&commit(f.ino(), 3, 4 * 4096, g.inode() + 1, 1), ME)
+            .errno(),
         0
     );
     let w = v.warmer();
-    let e = w.map(f.inode, 3).unwrap();
+    let e = w.map(f.inode(), 3).unwrap();
     assert_eq!(
         kucofs_common::index::blockmap::entry_page(v.ns.shm_u64(e.0)),
-        g.inode + 1
+        g.inode() + 1
     );
     w.replaced(e);
-    assert!(w.map(f.inode, 1 << 40).is_none());
+    assert!(w.map(f.inode(), 1 << 40).is_none());
     // Inode offsets past the index, and one that wraps around.
     assert!(w.map(1 << 50, 3).is_none());
     assert!(w.map(u64::MAX - 7, 3).is_none());
@@ -764,13 +832,17 @@ fn a_warmer_finds_the_entry_a_commit_made() {
 fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
     let (_dir, path, mut v) = volume();
     let (f, g) = a_file_and_a_grant(&mut v, 2);
-    assert_eq!(v.handle(&commit(f.ino, 0, 8192, g.inode, 2), ME).errno, 0);
+    assert_eq!(
+        v.handle(&commit(f.ino(), 0, 8192, g.inode(), 2), ME)
+            .errno(),
+        0
+    );
     let unlink = Request::Unlink {
         path: b"f",
         rmdir: false,
         hint: None,
     };
-    assert_eq!(v.handle(&unlink, ME).errno, 0);
+    assert_eq!(v.handle(&unlink, ME).errno(), 0);
     v.close().unwrap();
     let report = crate::fsck(&path).unwrap();
     assert!(report.problems.is_empty(), "{report}");
@@ -795,20 +867,20 @@ fn a_truncating_open_changes_an_existing_file_and_reports_a_created_one() {
             },
             ME,
         );
-        assert_eq!(r.errno, 0);
-        let mtime = v.namespace().reader().attr(r.inode).unwrap().mtime;
+        assert_eq!(r.errno(), 0);
+        let mtime = v.namespace().reader().attr(r.inode()).unwrap().mtime;
         assert_eq!(
             v.handle(
                 &Request::Close {
-                    ino: r.ino,
+                    ino: r.ino(),
                     write: true
                 },
                 ME
             )
-            .errno,
+            .errno(),
             0
         );
-        (r.value, mtime)
+        (r.value(), mtime)
     };
     let (created, made) = open(&mut v, WRITE | CREATE | TRUNC);
     assert_eq!(created, 1);
@@ -978,7 +1050,7 @@ fn chunks_granted_before_provisioning_reached_them_are_made_huge_after() {
         return;
     }
     v.attach_client(0, None, Default::default());
-    while v.handle(&Request::Grant { pages: 4096 }, ME).errno == 0 {}
+    while v.handle(&Request::Grant { pages: 4096 }, ME).errno() == 0 {}
     assert_eq!(v.pages().free_pages(), 0);
     if !provision_everything(&v) {
         return;
@@ -1074,8 +1146,8 @@ fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
         let other_slot = Caller { slot: 1, ..me };
         v.attach_client(client, view.protector(), mode);
         let g = v.handle(&Request::Grant { pages: 4 }, other_slot);
-        assert_eq!((g.errno, g.value), (0, 4));
-        assert_eq!(perms(&view, g.inode), "rw");
+        assert_eq!((g.errno(), g.value()), (0, 4));
+        assert_eq!(perms(&view, g.inode()), "rw");
         let unpool = |start, pages| Request::Unpool {
             slot: 1,
             start,
@@ -1083,21 +1155,24 @@ fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
         };
         // Another client cannot give back this client's pool.
         let stranger = Caller { client: 7, ..me };
-        assert_eq!(v.handle(&unpool(g.inode, 2), stranger).errno, libc::EINVAL);
+        assert_eq!(
+            v.handle(&unpool(g.inode(), 2), stranger).errno(),
+            libc::EINVAL
+        );
         let free = v.pages().free_pages();
-        assert_eq!(v.handle(&unpool(g.inode, 2), me).errno, 0);
+        assert_eq!(v.handle(&unpool(g.inode(), 2), me).errno(), 0);
         assert_eq!(v.pages().free_pages(), free + 2);
-        assert_eq!(perms(&view, g.inode), after);
+        assert_eq!(perms(&view, g.inode()), after);
         // Given back already: refused the second time.
-        assert_eq!(v.handle(&unpool(g.inode, 2), me).errno, libc::EINVAL);
+        assert_eq!(v.handle(&unpool(g.inode(), 2), me).errno(), libc::EINVAL);
         // The rest of the pool stays the slot's, writable.
-        assert_eq!(perms(&view, g.inode + 2), "rw");
-        assert_eq!(v.handle(&unpool(g.inode + 2, 2), me).errno, 0);
+        assert_eq!(perms(&view, g.inode() + 2), "rw");
+        assert_eq!(v.handle(&unpool(g.inode() + 2, 2), me).errno(), 0);
     }
     v.close().unwrap();
 }
 
-fn symlink(v: &mut Volume, path: &str, target: &[u8]) -> Reply {
+fn symlink(v: &mut Volume, path: &str, target: &[u8]) -> Answer {
     v.handle(
         &Request::Create {
             path: path.as_bytes(),
@@ -1109,7 +1184,7 @@ fn symlink(v: &mut Volume, path: &str, target: &[u8]) -> Reply {
     )
 }
 
-fn rename(v: &mut Volume, from: &str, to: &str) -> Reply {
+fn rename(v: &mut Volume, from: &str, to: &str) -> Answer {
     v.handle(
         &Request::Rename {
             from: from.as_bytes(),
@@ -1130,15 +1205,15 @@ fn rename(v: &mut Volume, from: &str, to: &str) -> Reply {
 fn renaming_symlinks_with_long_targets_loses_nothing_across_retirements() {
     for crash in [false, true] {
         let (_dir, path, mut v) = volume_of(16 << 20);
-        create(&mut v, "d", true);
+        let _ = create(&mut v, "d", true);
         let target = vec![b'x'; 4000];
         for i in 0..200 {
-            assert_eq!(symlink(&mut v, &format!("d/s{i}"), &target).errno, 0);
+            assert_eq!(symlink(&mut v, &format!("d/s{i}"), &target).errno(), 0);
         }
         v.checkpoint().unwrap();
         for i in 0..200 {
             assert_eq!(
-                rename(&mut v, &format!("d/s{i}"), &format!("d/t{i}")).errno,
+                rename(&mut v, &format!("d/s{i}"), &format!("d/t{i}")).errno(),
                 0
             );
         }
@@ -1173,11 +1248,11 @@ fn zero_line(path: &std::path::Path, at: u64) {
 fn a_crash_while_invalidating_a_batch_without_its_end_still_recovers() {
     // Big enough that the creates below do not start a retirement.
     let (_dir, path, mut v) = volume_of(1 << 30);
-    create(&mut v, "d", true);
+    let _ = create(&mut v, "d", true);
     let long = "n".repeat(200);
     v.checkpoint().unwrap();
     for i in 0..300 {
-        assert_eq!(create(&mut v, &format!("d/{long}{i}"), false).errno, 0);
+        assert_eq!(create(&mut v, &format!("d/{long}{i}"), false).errno(), 0);
     }
     let expected = tree(v.namespace());
     // The first half of a retirement: the batch logged, its end lost.
@@ -1253,7 +1328,7 @@ fn a_retirement_comes_after_a_bounded_number_of_record_writes() {
     let (_dir, _path, mut v) = sparse_volume_of(8 << 30);
     let n = 30_000;
     for i in 0..n {
-        assert_eq!(create(&mut v, &format!("/f{i}"), false).errno, 0);
+        assert_eq!(create(&mut v, &format!("/f{i}"), false).errno(), 0);
     }
     v.checkpoint().unwrap();
     let before = v.retirements().count;
@@ -1265,7 +1340,7 @@ fn a_retirement_comes_after_a_bounded_number_of_record_writes() {
             rmdir: false,
             hint: None,
         };
-        assert_eq!(v.handle(&req, ME).errno, 0);
+        assert_eq!(v.handle(&req, ME).errno(), 0);
         most = most.max(v.ns.store().pending_writes());
     }
     assert!(most < crate::store::RETIRE_WRITES, "{most} writes pending");
@@ -1328,8 +1403,8 @@ fn entry_records_with_a_bad_or_repeated_name_are_refused() {
         (&b"ab"[..], "EEXIST"),
     ] {
         let (_dir, path, mut v) = volume();
-        create(&mut v, "/ab", false);
-        create(&mut v, "/cd", false);
+        let _ = create(&mut v, "/ab", false);
+        let _ = create(&mut v, "/cd", false);
         v.close().unwrap();
         rename_entry_record(&path, b"cd", to);
         let err = Volume::open(&path).unwrap_err().to_string();
@@ -1354,7 +1429,7 @@ fn times_chosen_to_look_like_a_log_entry_are_not_taken_for_one() {
     v.checkpoint().unwrap();
     for i in 0..32 {
         let p = format!("f{i}");
-        assert_eq!(create(&mut v, &p, false).errno, 0);
+        assert_eq!(create(&mut v, &p, false).errno(), 0);
         let r = v.handle(
             &Request::SetAttr {
                 path: p.as_bytes(),
@@ -1367,10 +1442,10 @@ fn times_chosen_to_look_like_a_log_entry_are_not_taken_for_one() {
             },
             ME,
         );
-        assert_eq!(r.errno, 0);
+        assert_eq!(r.errno(), 0);
     }
     v.checkpoint().unwrap();
-    create(&mut v, "after", false);
+    let _ = create(&mut v, "after", false);
     let expected = tree(v.namespace());
     drop(v);
     let v = Volume::open(&path).unwrap();
@@ -1387,7 +1462,7 @@ fn times_chosen_to_look_like_a_log_entry_are_not_taken_for_one() {
 fn a_target_page_given_up_during_replay_stays_the_stores_until_cleared() {
     use kucofs_common::format::meta::Owner;
     let (_dir, path, mut v) = volume();
-    assert_eq!(symlink(&mut v, "s", &[b't'; 100]).errno, 0);
+    assert_eq!(symlink(&mut v, "s", &[b't'; 100]).errno(), 0);
     v.checkpoint().unwrap();
     let g = v.image().superblock().geometry;
     let owner = |v: &Volume, p| v.namespace().store().owner(p);
@@ -1399,8 +1474,8 @@ fn a_target_page_given_up_during_replay_stays_the_stores_until_cleared() {
         rmdir: false,
         hint: None,
     };
-    assert_eq!(v.handle(&unlink, ME).errno, 0);
-    assert_eq!(create(&mut v, &"L".repeat(100), false).errno, 0);
+    assert_eq!(v.handle(&unlink, ME).errno(), 0);
+    assert_eq!(create(&mut v, &"L".repeat(100), false).errno(), 0);
     drop(v);
     let sb = crate::inspect(&path).unwrap().superblock;
     let view = kucofs_common::pm::RegionView::open(&path).unwrap();
@@ -1412,7 +1487,7 @@ fn a_target_page_given_up_during_replay_stays_the_stores_until_cleared() {
     let mut v = Volume::open(&path).unwrap();
     v.attach_client(0, None, Default::default());
     let grant = v.handle(&Request::Grant { pages: 64 }, ME);
-    assert_eq!(grant.errno, 0);
+    assert_eq!(grant.errno(), 0);
     for (s, n) in grant.granted() {
         for p in s..s + n {
             assert_eq!(owner(&v, p), Some(Owner::Free), "page {p} granted");

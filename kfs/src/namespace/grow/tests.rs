@@ -22,7 +22,7 @@ fn create(ns: &mut Namespace, path: &str, mode: u32) -> u64 {
         target: b"",
         hint: None,
     };
-    ns.execute(&req, ME).unwrap().ino
+    ns.execute(&req, ME).unwrap().unwrap().ino
 }
 
 fn file(ns: &mut Namespace, path: &str) -> u64 {
