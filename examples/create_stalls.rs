@@ -41,7 +41,11 @@ fn cpu_time() -> Duration {
     // CLOCK_THREAD_CPUTIME_ID a valid clock: the call only writes `ts`.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    // A CPU-time clock counts up from zero, in whole seconds and
+    // nanoseconds below 10^9.
+    let secs = u64::try_from(ts.tv_sec).expect("CPU time is not negative");
+    let nanos = u32::try_from(ts.tv_nsec).expect("nanoseconds are below 10^9");
+    Duration::new(secs, nanos)
 }
 
 /// The slowest creates: (time, entries after the create), slowest first.

@@ -423,6 +423,8 @@ fn pmd_mapped_kib(addr: usize) -> u64 {
 }
 
 /// `len` bytes that differ from page to page and with `seed`.
+// A hash of the offset: dropping its high bits is the point.
+#[allow(clippy::cast_possible_truncation)]
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len)
         .map(|i| ((i as u32 / 4093) ^ seed.wrapping_mul(131) ^ i as u32) as u8)

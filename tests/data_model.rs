@@ -19,7 +19,8 @@ use kucofs_common::index::blockmap::MAX_FILE_SIZE;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
-const PAGE: u64 = 4096;
+const PAGE: u64 = PAGE_LEN as u64;
+const PAGE_LEN: usize = 4096;
 const IMAGE_SIZE: u64 = 64 << 20;
 const FILES: [&str; 2] = ["a", "d/b"];
 /// Files up to this size are compared byte for byte; larger (sparse) ones
@@ -27,6 +28,11 @@ const FILES: [&str; 2] = ["a", "d/b"];
 const WHOLE_COMPARE_MAX: u64 = 8 << 20;
 
 type Errno = i32;
+
+/// A length or offset within data held in memory, as an index.
+fn idx(x: u64) -> usize {
+    usize::try_from(x).expect("bytes held in memory are indexed by a usize")
+}
 
 /// A sparse file: the pages that may hold non-zero bytes, and the size.
 /// Bytes at or past `size` are always zero.
@@ -51,11 +57,11 @@ impl ModelFile {
         let mut p = at;
         while p < end {
             let (page, o) = (p / PAGE, (p % PAGE) as usize);
-            let n = (PAGE as usize - o).min((end - p) as usize);
-            let src = &data[(p - at) as usize..(p - at) as usize + n];
+            let n = (PAGE_LEN - o).min(idx(end - p));
+            let src = &data[idx(p - at)..idx(p - at) + n];
             self.pages
                 .entry(page)
-                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice())[o..o + n]
+                .or_insert_with(|| vec![0u8; PAGE_LEN].into_boxed_slice())[o..o + n]
                 .copy_from_slice(src);
             self.touched.insert(page);
             p += n as u64;
@@ -70,11 +76,11 @@ impl ModelFile {
         if at >= end {
             return Vec::new();
         }
-        let mut out = vec![0u8; (end - at) as usize];
+        let mut out = vec![0u8; idx(end - at)];
         for (&page, bytes) in self.pages.range(at / PAGE..=(end - 1) / PAGE) {
             let (s, t) = (at.max(page * PAGE), end.min(page * PAGE + PAGE));
-            out[(s - at) as usize..(t - at) as usize]
-                .copy_from_slice(&bytes[(s - page * PAGE) as usize..(t - page * PAGE) as usize]);
+            out[idx(s - at)..idx(t - at)]
+                .copy_from_slice(&bytes[idx(s - page * PAGE)..idx(t - page * PAGE)]);
         }
         out
     }
@@ -149,6 +155,8 @@ enum Op {
 
 /// Bytes that depend on their offset and on `seed`, never zero, so that a
 /// page in the wrong place or a hole where data belongs shows.
+// A hash of the offset: dropping its high bits is the point.
+#[allow(clippy::cast_possible_truncation)]
 fn data(seed: u8, at: u64, len: usize) -> Vec<u8> {
     (at..at + len as u64)
         .map(|p| {
@@ -165,7 +173,7 @@ fn offset() -> impl Strategy<Value = Off> {
         2 => (0u64..1024).prop_map(|p| Off::At(p * PAGE)),
         2 => (0u64..4 << 20).prop_map(Off::At),
         4 => (-(64i64 << 10)..64 << 10).prop_map(Off::End),
-        1 => (-2i64..2).prop_map(|p| Off::End(p * PAGE as i64)),
+        1 => (-2i64..2).prop_map(|p| Off::End(p * i64::try_from(PAGE).unwrap())),
         2 => (GIB4 - (64 << 10)..GIB4 + (64 << 10)).prop_map(Off::At),
         1 => (0u64..1 << 40).prop_map(Off::At),
         1 => (MAX_FILE_SIZE - (32 << 10)..MAX_FILE_SIZE + PAGE).prop_map(Off::At),
@@ -175,9 +183,9 @@ fn offset() -> impl Strategy<Value = Off> {
 fn length() -> impl Strategy<Value = usize> {
     prop_oneof![
         6 => 0usize..=9000,
-        2 => (1usize..=8).prop_map(|n| n * PAGE as usize),
+        2 => (1usize..=8).prop_map(|n| n * PAGE_LEN),
         // Past one commit (1 MiB).
-        1 => (1usize << 20) - 3 * PAGE as usize..(1 << 20) + 3 * PAGE as usize,
+        1 => (1usize << 20) - 3 * PAGE_LEN..(1 << 20) + 3 * PAGE_LEN,
     ]
 }
 
@@ -312,7 +320,7 @@ fn check_file(sut: &Sut, i: usize, m: &ModelFile, when: &str) -> Result<(), Test
     prop_assert_eq!(len, m.size, "size of {} {}", path, when);
     if m.size <= WHOLE_COMPARE_MAX {
         let got = sut.fs.read(path).expect("read a whole file");
-        let want = m.read(0, m.size as usize);
+        let want = m.read(0, idx(m.size));
         return same_bytes(&got, &want, format_args!("contents of {path} {when}"));
     }
     // Every page ever written, its neighbours, and both ends.
@@ -324,10 +332,10 @@ fn check_file(sut: &Sut, i: usize, m: &ModelFile, when: &str) -> Result<(), Test
         .chain([0, last])
         .filter(|&p| p <= last)
         .collect();
-    let mut buf = vec![0u8; PAGE as usize];
+    let mut buf = vec![0u8; PAGE_LEN];
     for p in pages {
         let n = f.read_at(&mut buf, p * PAGE).expect("read a page");
-        let want = m.read(p * PAGE, PAGE as usize);
+        let want = m.read(p * PAGE, PAGE_LEN);
         same_bytes(&buf[..n], &want, format_args!("page {p} of {path} {when}"))?;
     }
     prop_assert_eq!(f.read_at(&mut buf, m.size).expect("read at the end"), 0);

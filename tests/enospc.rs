@@ -16,10 +16,20 @@ const CHUNK: usize = 64 << 10;
 
 /// Bytes that depend on their file offset and on `tag`, so that a page
 /// that lands in the wrong place, or in the wrong file, shows.
+// A hash of the offset: dropping its high bits is the point.
+#[allow(clippy::cast_possible_truncation)]
 fn pattern(tag: u8, at: u64, len: usize) -> Vec<u8> {
     (at..at + len as u64)
         .map(|p| (p as u8) ^ ((p >> 12) as u8).wrapping_mul(29) ^ tag)
         .collect()
+}
+
+/// The pattern tag of file number `i`: tags repeat every 256 files, and
+/// neighbours still differ.
+// Taking the low byte is the point.
+#[allow(clippy::cast_possible_truncation)]
+fn tag(i: u32) -> u8 {
+    i as u8
 }
 
 fn is_enospc(e: &io::Error) -> bool {
@@ -60,7 +70,7 @@ fn assert_contents(fs: &Fs, path: &str, tag: u8, len: u64) {
     let got = fs.read(path).expect("read a file back");
     assert_eq!(got.len() as u64, len, "length of {path}");
     assert!(
-        got == pattern(tag, 0, len as usize),
+        got == pattern(tag, 0, got.len()),
         "the contents of {path} changed"
     );
 }
@@ -197,7 +207,7 @@ fn scattered_free_pages_can_all_be_written() {
             Err(e) if is_enospc(&e) => break,
             Err(e) => panic!("create f{files}: {e}"),
         };
-        match f.write_at(&pattern(files as u8, 0, page), 0) {
+        match f.write_at(&pattern(tag(files), 0, page), 0) {
             Ok(n) => assert_eq!(n, page),
             Err(e) if is_enospc(&e) => {
                 drop(f);
@@ -228,7 +238,7 @@ fn scattered_free_pages_can_all_be_written() {
     drop(f);
     assert_contents(&fs, "big", 0xa5, big.len() as u64);
     for i in (1..files).step_by(2) {
-        assert_contents(&fs, &format!("f{i}"), i as u8, page as u64);
+        assert_contents(&fs, &format!("f{i}"), tag(i), page as u64);
     }
     close_and_fsck(fs, &image);
 }
@@ -251,7 +261,7 @@ fn an_append_cut_short_reports_what_it_appended() {
         .create(true)
         .open(&fs, "a")
         .expect("open for appending");
-    let data = pattern(2, 0, 16 * page as usize);
+    let data = pattern(2, 0, usize::try_from(16 * page).unwrap());
     let n = a.write(&data).expect("a short append is not an error");
     assert!(
         n > 0 && n < data.len(),
@@ -463,11 +473,14 @@ fn a_file_system_full_of_files_refuses_creates_and_still_removes() {
     fs.checkpoint().unwrap();
     fs.write("d/again-0", vec![7u8; 4096]).unwrap();
     assert_eq!(fs.read("d/again-0").unwrap(), vec![7u8; 4096]);
-    let left = fs.read_dir("d").unwrap().count() as u32;
+    let left = u32::try_from(fs.read_dir("d").unwrap().count()).unwrap();
     assert_eq!(left, made - removed - gone + again);
     fs.simulate_crash();
     let fs = Fs::open(&image).unwrap();
-    assert_eq!(fs.read_dir("d").unwrap().count() as u32, left);
+    assert_eq!(
+        u32::try_from(fs.read_dir("d").unwrap().count()).unwrap(),
+        left
+    );
     // Everything goes, and the image is as empty as it was.
     fs.remove_dir_all("d").unwrap();
     close_and_fsck(fs, &image);

@@ -33,7 +33,7 @@ fn one_directory_holds_a_million_entries() {
         assert!(fs.metadata(format!("big/entry-{i}")).unwrap().is_file());
     }
     assert!(fs.metadata(format!("big/entry-{n}")).is_err());
-    let mut seen = HashSet::with_capacity(n as usize);
+    let mut seen = HashSet::with_capacity(usize::try_from(n).unwrap());
     for e in fs.read_dir("big").unwrap() {
         assert!(seen.insert(e.unwrap().file_name()), "listed twice");
     }

@@ -23,6 +23,8 @@ const LEN: usize = 5 * 4096 + 123;
 /// The file byte whose page the child stores into (in the third page).
 const TARGET: u64 = 2 * 4096 + 17;
 
+// A hash of the offset: dropping its high bits is the point.
+#[allow(clippy::cast_possible_truncation)]
 fn contents() -> Vec<u8> {
     (0..LEN)
         .map(|i| (i as u8) ^ ((i >> 12) as u8).wrapping_mul(41))

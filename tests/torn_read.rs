@@ -87,7 +87,7 @@ fn run(protection: Protection, handles: Handles) {
     // Writers that have stopped, by returning or by panicking: the readers
     // run until all have.
     let stopped = AtomicU64::new(0);
-    let start = Barrier::new(WRITERS as usize + READERS);
+    let start = Barrier::new(usize::try_from(WRITERS).unwrap() + READERS);
     // Readers that have completed a read: the writers wait for all, so every
     // reader overlaps the writes whatever the scheduler does.
     let reading = AtomicU64::new(0);
@@ -252,7 +252,7 @@ fn readers_never_see_a_torn_record_keyed_own_handles() {
 #[test]
 fn a_read_never_sees_a_tail_half_zeroed() {
     const FULL: usize = 8000;
-    const CUT: u64 = 5000;
+    const CUT: usize = 5000;
     let Some(dir) = support::shm_dir("kucofs-torn-") else {
         return;
     };
@@ -279,7 +279,7 @@ fn a_read_never_sees_a_tail_half_zeroed() {
             let (mut reads, mut torn) = (0u64, 0u64);
             while done.load(Ordering::Relaxed) == 0 {
                 let n = f.read_at(&mut buf, 0).expect("read");
-                let tail = &buf[CUT as usize..n.max(CUT as usize)];
+                let tail = &buf[CUT..n.max(CUT)];
                 // Valid: the cut file, the grown one (zeros past the cut),
                 // or the rewritten one (all 'A').
                 if !(tail.iter().all(|&b| b == 0) || tail.iter().all(|&b| b == b'A')) {
@@ -296,7 +296,7 @@ fn a_read_never_sees_a_tail_half_zeroed() {
             std::thread::yield_now();
         }
         for _ in 0..cycles {
-            f.set_len(CUT).expect("shrink");
+            f.set_len(CUT as u64).expect("shrink");
             f.set_len(FULL as u64).expect("grow");
             f.write_at(&[b'A'; FULL], 0).expect("rewrite");
         }

@@ -37,9 +37,14 @@ impl Writer<'_> {
         self.u32(u32::from(v));
     }
     /// A length-prefixed byte string.
+    ///
+    /// # Panics
+    ///
+    /// If `b` is 4 GiB or longer: callers bound their strings far below
+    /// that (requests to `PATH_MAX`) before encoding.
     #[inline]
     pub fn bytes(&mut self, b: &[u8]) {
-        self.u32(b.len() as u32);
+        self.u32(u32::try_from(b.len()).expect("a byte string field under 4 GiB"));
         self.0.extend_from_slice(b);
     }
     /// A byte string of at most 255 bytes with a `u8` length;
@@ -70,7 +75,7 @@ impl Writer<'_> {
     #[inline]
     pub fn opt64(&mut self, v: Option<i64>) {
         self.bool(v.is_some());
-        self.u64(v.unwrap_or(0) as u64);
+        self.u64(v.unwrap_or(0).cast_unsigned());
     }
 }
 
@@ -153,7 +158,7 @@ impl<'a> Reader<'a> {
     /// An optional `i64`.
     pub fn opt64(&mut self) -> Result<Option<i64>, Errno> {
         let some = self.bool()?;
-        let v = self.u64()? as i64;
+        let v = self.u64()?.cast_signed();
         Ok(some.then_some(v))
     }
     /// True once every byte was read.

@@ -28,7 +28,9 @@ use bytemuck::{Pod, Zeroable};
 pub mod meta;
 
 /// Size of a data page and the unit of every area.
-pub const PAGE_SIZE: u64 = 4096;
+pub const PAGE_SIZE: u64 = PAGE_LEN as u64;
+/// [`PAGE_SIZE`] as a `usize`, for buffers and slices of one page.
+pub const PAGE_LEN: usize = 4096;
 /// The superblock magic: "KucoFS" and two bytes that make a text file unlikely
 /// to match.
 pub const MAGIC: [u8; 8] = *b"KucoFS\x00\xf5";
@@ -383,6 +385,13 @@ const _: () = assert!(std::mem::offset_of!(RawSuperblock, log_start) == 88);
 // to refuse an image it does not read.
 const _: () = assert!(std::mem::offset_of!(RawSuperblock, version) == 8);
 
+// The stored `sb_size` and `page_size` fields are `u32`s; both sizes (512
+// and 4096) fit one by far.
+#[allow(clippy::cast_possible_truncation)]
+const SB_SIZE_FIELD: u32 = SUPERBLOCK_SIZE as u32;
+#[allow(clippy::cast_possible_truncation)]
+const PAGE_SIZE_FIELD: u32 = PAGE_SIZE as u32;
+
 impl Superblock {
     /// The superblock as stored, checksum included.
     pub fn encode(&self) -> [u8; SUPERBLOCK_SIZE] {
@@ -390,7 +399,7 @@ impl Superblock {
         let mut raw = RawSuperblock {
             magic: MAGIC,
             version: FORMAT_VERSION,
-            sb_size: SUPERBLOCK_SIZE as u32,
+            sb_size: SB_SIZE_FIELD,
             seq: self.seq,
             incompat: self.incompat,
             compat: self.compat,
@@ -398,7 +407,7 @@ impl Superblock {
             uuid: self.uuid,
             created_ns: self.created_ns,
             size: g.size,
-            page_size: PAGE_SIZE as u32,
+            page_size: PAGE_SIZE_FIELD,
             pad: 0,
             log_start: g.log.start,
             log_pages: g.log.pages,
@@ -579,6 +588,14 @@ impl LogEntryHeader {
     /// Bytes the entry occupies in the log, padding included.
     pub fn footprint(&self) -> u64 {
         (LOG_ENTRY_HEADER_SIZE as u64 + u64::from(self.len)).next_multiple_of(LOG_ENTRY_ALIGN)
+    }
+
+    /// [`footprint`](Self::footprint) as a buffer length.
+    // The payload length is a `u16`: a footprint is at most 64 KiB and a
+    // header, which any `usize` holds.
+    #[allow(clippy::cast_possible_truncation)]
+    pub fn footprint_len(&self) -> usize {
+        self.footprint() as usize
     }
 }
 

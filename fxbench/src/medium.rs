@@ -57,8 +57,11 @@ pub const ROUNDS: usize = 5;
 const SMALL: u64 = 64 << 20;
 /// Region (and huge-page buffer) for the random reads: larger than any
 /// last-level cache, as RNDRD's file is.
-const LARGE: u64 = 256 << 20;
+const LARGE_LEN: usize = 256 << 20;
+/// [`LARGE_LEN`] as an offset.
+const LARGE: u64 = LARGE_LEN as u64;
 const PAGE: u64 = kucofs_common::format::PAGE_SIZE;
+const PAGE_LEN: usize = kucofs_common::format::PAGE_LEN;
 const HUGE: usize = 2 << 20;
 /// A figure [`Medium::bounds`] divides.
 const LOGGED: &str = "persist 4 KiB, then a 64-byte log record: random page";
@@ -97,7 +100,7 @@ pub struct Medium {
 /// Measures everything, with scratch images under `dir` (removed after).
 pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
     let mut figures = Vec::new();
-    let data = vec![0x5au8; PAGE as usize];
+    let data = vec![0x5au8; PAGE_LEN];
     {
         let scratch = Scratch::new(dir, "protect")?;
         let region = Region::create(&scratch.0, SMALL, true).context("create a scratch region")?;
@@ -235,9 +238,9 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
     drop(scratch);
 
     let before = anon_huge_kib();
-    let mut big = vec![0u8; LARGE as usize + HUGE];
+    let mut big = vec![0u8; LARGE_LEN + HUGE];
     let skip = big.as_ptr().align_offset(HUGE);
-    let aligned = &mut big[skip..skip + LARGE as usize];
+    let aligned = &mut big[skip..skip + LARGE_LEN];
     // SAFETY: the range is the live, writable, 2 MiB-aligned slice
     // `aligned` of `big`; MADV_HUGEPAGE only asks the kernel to back it
     // with larger pages and changes no contents.
@@ -261,8 +264,10 @@ pub fn measure(dir: &Path) -> anyhow::Result<Medium> {
         ns: {
             let mut rng = XorShift64::new(2);
             ns_per(reads, || {
+                // Below LARGE, which is a `usize` (LARGE_LEN).
+                #[allow(clippy::cast_possible_truncation)]
                 let at = (rng.below(LARGE / PAGE) * PAGE) as usize;
-                buf.copy_from_slice(&aligned[at..at + PAGE as usize]);
+                buf.copy_from_slice(&aligned[at..at + PAGE_LEN]);
                 std::hint::black_box(&buf);
                 Ok(())
             })?
@@ -360,7 +365,7 @@ fn logged_writes(region: &Region, len: u64, data: &[u8], seed: u64) -> anyhow::R
 /// translation, not for a first fault.
 fn view_touch(view: &RegionView, len: u64) {
     let mut b = [0u8; 1];
-    for off in (0..len).step_by(PAGE as usize) {
+    for off in (0..len).step_by(PAGE_LEN) {
         let _ = view.read(off, &mut b);
     }
 }

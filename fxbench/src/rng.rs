@@ -62,7 +62,7 @@ mod tests {
         let mut rng = XorShift64::new(3);
         let mut seen = [0u32; 64];
         for _ in 0..64 * 200 {
-            seen[rng.below(64) as usize] += 1;
+            seen[usize::try_from(rng.below(64)).unwrap()] += 1;
         }
         assert_eq!(rng.below(1), 0);
         // Every bucket hit, none wildly over: about 200 each.

@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kucofs_common::format::PAGE_LEN;
 use kucofs_common::index::blockmap::{entry_page, EntrySource, MapReader, PAGE};
 use kucofs_common::index::Kind;
 use kucofs_common::pm::{
@@ -371,6 +372,8 @@ fn starting_tree() -> Vec<Action> {
 /// written over the zeros a fresh data page holds change no crash image,
 /// so a page written costs eight lines of crash images, not 64, while a
 /// page lost or misplaced still shows in the lines that hold data.
+// A hash of the offset: taking its low bytes is the point.
+#[allow(clippy::cast_possible_truncation)]
 fn pattern(tag: u8, pos: u64) -> u8 {
     let in_kib = pos % 1024;
     if !(64..1024 - 64).contains(&in_kib) {
@@ -459,8 +462,9 @@ impl Tree {
                 Kind::File if a.size > MODEL_FILE_MAX => Vec::new(),
                 Kind::File => {
                     let map = MapReader::of_inode(r.mem(), inode);
-                    let mut data = vec![0u8; a.size as usize];
-                    for (i, chunk) in data.chunks_mut(PAGE as usize).enumerate() {
+                    let size = usize::try_from(a.size).expect("at most MODEL_FILE_MAX");
+                    let mut data = vec![0u8; size];
+                    for (i, chunk) in data.chunks_mut(PAGE_LEN).enumerate() {
                         let page = entry_page(map.entry(i as u64));
                         if page != 0 && region.read(page * PAGE, chunk).is_err() {
                             // A page outside the region: unreadable, shown
@@ -711,7 +715,7 @@ fn sample<T>(all: Vec<T>, n: Option<usize>, seed: u64) -> Vec<T> {
     };
     let mut idx: Vec<usize> = (0..all.len()).collect();
     for i in 0..n {
-        let j = i + (next() % (all.len() - i) as u64) as usize;
+        let j = i + usize::try_from(next() % (all.len() - i) as u64).expect("below all.len() - i");
         idx.swap(i, j);
     }
     let mut picked: Vec<usize> = idx[..n].to_vec();
@@ -920,15 +924,16 @@ fn write(
     let n = last - first + 1;
     let mut pool = Vec::new();
     while (pool.len() as u64) < n {
-        let want = (n - pool.len() as u64) as u32;
+        // More than a grant can ask for takes more than one.
+        let want = u32::try_from(n - pool.len() as u64).unwrap_or(u32::MAX);
         let g = req(v, &Request::Grant { pages: want })?.into_grant()?;
         for (page, count) in g.runs() {
             pool.extend(page..page + count);
         }
     }
-    pool.truncate(n as usize);
+    pool.truncate(usize::try_from(n).expect("no more than the pool's length"));
     let mut extents = Extents::new();
-    let mut buf = vec![0u8; PAGE as usize];
+    let mut buf = vec![0u8; PAGE_LEN];
     for (i, &dest) in pool.iter().enumerate() {
         let page = first + i as u64;
         let base = page * PAGE;
@@ -966,7 +971,7 @@ fn write(
 /// The data of file page `page` of the file at `inode` (zeros for a hole).
 fn old_page(v: &Volume, inode: u64, page: u64) -> Vec<u8> {
     let r = v.namespace().reader();
-    let mut data = vec![0u8; PAGE as usize];
+    let mut data = vec![0u8; PAGE_LEN];
     let at = entry_page(MapReader::of_inode(r.mem(), inode).entry(page));
     if at != 0 && v.image().region().read(at * PAGE, &mut data).is_err() {
         data.fill(0);

@@ -128,7 +128,8 @@ fn format(region: &Region, path: &Path, geometry: Geometry) -> Result<Superblock
         incompat: 0,
         clean: true,
         uuid: new_uuid(),
-        created_ns: crate::namespace::now_ns() as u64,
+        // The clock reads 0 before the epoch, so a stamp is never negative.
+        created_ns: u64::try_from(crate::namespace::now_ns()).unwrap_or(0),
         geometry,
         log_seq: 1,
     };
@@ -157,7 +158,8 @@ pub(crate) fn select_superblock(
         let mut buf = [0u8; SUPERBLOCK_SIZE];
         // A short image holds part of a copy or none of it; the missing bytes
         // stay zero, which fails the magic or the checksum.
-        let have = len.saturating_sub(offset).min(SUPERBLOCK_SIZE as u64) as usize;
+        let have = usize::try_from(len.saturating_sub(offset))
+            .map_or(SUPERBLOCK_SIZE, |n| n.min(SUPERBLOCK_SIZE));
         if have > 0 {
             read(offset, &mut buf[..have])?;
         }
@@ -326,7 +328,7 @@ pub fn inspect(path: &Path) -> Result<ImageReport> {
 
     let (mut file_pages, mut bad_owners) = (0u64, 0u64);
     let mut store = crate::store::StoreUse::default();
-    let mut page = vec![0u8; PAGE_SIZE as usize];
+    let mut page = vec![0u8; kucofs_common::format::PAGE_LEN];
     for i in 0..g.owners.pages {
         view.read(g.owners.offset() + i * PAGE_SIZE, &mut page)?;
         let first = i * kucofs_common::format::OWNERS_PER_PAGE;

@@ -123,7 +123,7 @@ impl Log {
             // Nothing half-encoded is left for an append.
             .inspect_err(|_| self.buf.clear())?;
         self.buf[..LOG_ENTRY_HEADER_SIZE].copy_from_slice(&header.encode());
-        let padded = header.footprint() as usize;
+        let padded = header.footprint_len();
         self.buf.resize(padded, 0);
         Ok(())
     }
@@ -233,7 +233,7 @@ impl Log {
             LogEntryHeader::new(&self.lap, self.next_seq, op, payload).ok_or(Errno::EINVAL)?;
         self.buf.extend_from_slice(&header.encode());
         self.buf.extend_from_slice(payload);
-        self.buf.resize(header.footprint() as usize, 0);
+        self.buf.resize(header.footprint_len(), 0);
         self.append_prepared(region)
     }
 

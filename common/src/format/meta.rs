@@ -248,10 +248,10 @@ impl InodeRecord {
             uid: get_u32(b, 16),
             gid: get_u32(b, 20),
             size: get_u64(b, 24),
-            atime: get_u64(b, 32) as i64,
-            mtime: get_u64(b, 40) as i64,
-            ctime: get_u64(b, 48) as i64,
-            btime: get_u64(b, 56) as i64,
+            atime: get_u64(b, 32).cast_signed(),
+            mtime: get_u64(b, 40).cast_signed(),
+            ctime: get_u64(b, 48).cast_signed(),
+            btime: get_u64(b, 56).cast_signed(),
             target_len: get_u16(b, 64),
             target_crc: get_u32(b, 68),
             target_page: get_u64(b, 72),
@@ -293,9 +293,12 @@ pub const CELL: usize = 64;
 /// Bytes of an entry record before the name.
 pub const ENTRY_HEAD: usize = 24;
 /// Most cells an entry takes (a name of [`NAME_MAX`] bytes).
-pub const MAX_CELLS: u8 = (ENTRY_HEAD + NAME_MAX).div_ceil(CELL) as u8;
+pub const MAX_CELLS: u8 = cells_for(NAME_MAX);
 
-/// Cells an entry with a name of `len` bytes takes.
+/// Cells an entry with a name of `len` (at most [`NAME_MAX`]) bytes takes.
+// Exact for any length under 16 KiB (255 cells); a name is at most 255
+// bytes, 5 cells.
+#[allow(clippy::cast_possible_truncation)]
 pub const fn cells_for(len: usize) -> u8 {
     (ENTRY_HEAD + len).div_ceil(CELL) as u8
 }
@@ -332,7 +335,7 @@ pub fn encode_entry(parent: u64, ino: u64, kind: u8, name: &[u8], out: &mut Vec<
     let b = &mut out[start..];
     put(b, 0, &parent.to_le_bytes());
     put(b, 8, &ino.to_le_bytes());
-    b[16] = name.len() as u8;
+    b[16] = u8::try_from(name.len()).expect("a name is at most NAME_MAX (255) bytes");
     b[17] = cells;
     b[18] = kind;
     put(b, ENTRY_HEAD, name);
@@ -417,6 +420,16 @@ pub struct BatchWriter {
     writes: u64,
 }
 
+/// The length field of a write of `len` bytes; panics if `len` reaches
+/// [`BATCH_ZERO`] (2 GiB), the flag bit: the store writes records and
+/// pages, far shorter.
+fn write_len(len: usize) -> u32 {
+    u32::try_from(len)
+        .ok()
+        .filter(|&n| n < BATCH_ZERO)
+        .expect("a batch write is under 2 GiB")
+}
+
 impl BatchWriter {
     /// An empty batch.
     pub fn new() -> BatchWriter {
@@ -425,10 +438,9 @@ impl BatchWriter {
 
     /// Writes `bytes` at image offset `offset`.
     pub fn put(&mut self, offset: u64, bytes: &[u8]) {
-        debug_assert!(bytes.len() < BATCH_ZERO as usize);
         self.buf.extend_from_slice(&offset.to_le_bytes());
         self.buf
-            .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            .extend_from_slice(&write_len(bytes.len()).to_le_bytes());
         self.buf.extend_from_slice(bytes);
         self.writes += 1;
     }
@@ -437,7 +449,7 @@ impl BatchWriter {
     /// appends to the returned buffer (exactly `len` of them).
     pub fn put_with(&mut self, offset: u64, len: usize) -> &mut Vec<u8> {
         self.buf.extend_from_slice(&offset.to_le_bytes());
-        self.buf.extend_from_slice(&(len as u32).to_le_bytes());
+        self.buf.extend_from_slice(&write_len(len).to_le_bytes());
         self.writes += 1;
         &mut self.buf
     }
@@ -607,7 +619,8 @@ mod tests {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400), v: u64) {
             let _ = Owner::decode(v);
-            let _ = EntryRecord::decode(&bytes, (bytes.len() / CELL).clamp(1, 5) as u8);
+            let cells = u8::try_from((bytes.len() / CELL).clamp(1, 5)).unwrap();
+            let _ = EntryRecord::decode(&bytes, cells);
             if bytes.len() >= INODE_RECORD {
                 let mut b = [0u8; INODE_RECORD];
                 b.copy_from_slice(&bytes[..INODE_RECORD]);
@@ -623,7 +636,7 @@ mod tests {
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..100), any::<bool>()), 0..20)) {
             let mut b = BatchWriter::new();
             for (at, bytes, zero) in &writes {
-                if *zero { b.zero(*at, bytes.len() as u32) } else { b.put(*at, bytes) }
+                if *zero { b.zero(*at, u32::try_from(bytes.len()).unwrap()) } else { b.put(*at, bytes) }
             }
             let back: Vec<_> = batch_writes(b.bytes()).collect::<Result<_, _>>().unwrap();
             prop_assert_eq!(back.len(), writes.len());

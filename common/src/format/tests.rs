@@ -101,7 +101,7 @@ proptest! {
             log[at..at + LOG_ENTRY_HEADER_SIZE].copy_from_slice(&h.encode());
             log[at + LOG_ENTRY_HEADER_SIZE..at + LOG_ENTRY_HEADER_SIZE + p.len()].copy_from_slice(p);
             prop_assert_eq!(LogEntryHeader::decode(&log[at..]), Some(h));
-            at += h.footprint() as usize;
+            at += h.footprint_len();
         }
         let found = scan_log(&log, &Lap::new(&UUID, first_seq));
         prop_assert_eq!(found.len(), payloads.len());
@@ -212,11 +212,11 @@ fn log_scan_stops_at_a_torn_or_out_of_sequence_entry() {
     let mut log = vec![0u8; 4096];
     let mut at = 0usize;
     for seq in 10..14u64 {
-        let payload = vec![seq as u8; 40];
+        let payload = vec![u8::try_from(seq).unwrap(); 40];
         let h = LogEntryHeader::new(&Lap::new(&UUID, 10), seq, 1, &payload).unwrap();
         log[at..at + H].copy_from_slice(&h.encode());
         log[at + H..at + H + 40].copy_from_slice(&payload);
-        at += h.footprint() as usize;
+        at += h.footprint_len();
     }
     assert_eq!(scan_log(&log, &Lap::new(&UUID, 10)).len(), 4);
     // A lap that starts later in sequence has no entries yet, nor does
@@ -286,7 +286,7 @@ fn lap(first_seq: u64, entries: usize) -> (Vec<u8>, Vec<u64>) {
     let mut offsets = Vec::new();
     let mut at = 0usize;
     for i in 0..entries {
-        let payload = vec![i as u8; 30 + 20 * (i % 4)];
+        let payload = vec![u8::try_from(i).unwrap(); 30 + 20 * (i % 4)];
         let h = LogEntryHeader::new(
             &Lap::new(&UUID, first_seq),
             first_seq + i as u64,
@@ -297,7 +297,7 @@ fn lap(first_seq: u64, entries: usize) -> (Vec<u8>, Vec<u64>) {
         log[at..at + H].copy_from_slice(&h.encode());
         log[at + H..at + H + payload.len()].copy_from_slice(&payload);
         offsets.push(at as u64);
-        at += h.footprint() as usize;
+        at += h.footprint_len();
     }
     (log, offsets)
 }
@@ -313,7 +313,7 @@ fn damage_with_entries_after_it_is_told_from_a_torn_end() {
         None
     );
     // The last entry torn: the end, not damage.
-    log[offsets[9] as usize + 20] ^= 0x10;
+    log[usize::try_from(offsets[9]).unwrap() + 20] ^= 0x10;
     let end = scan_log_with(len, &Lap::new(&UUID, 100), slice_reader(&log), |_, _, _| {});
     assert_eq!(end.entries, 9);
     assert_eq!(
@@ -322,7 +322,7 @@ fn damage_with_entries_after_it_is_told_from_a_torn_end() {
     );
     // Bit 4 of an earlier entry's first byte flipped: five acknowledged
     // entries follow it, and the scan says so.
-    log[offsets[3] as usize] ^= 0x10;
+    log[usize::try_from(offsets[3]).unwrap()] ^= 0x10;
     let end = scan_log_with(len, &Lap::new(&UUID, 100), slice_reader(&log), |_, _, _| {});
     assert_eq!(end.entries, 3);
     let damage = find_damage(len, &Lap::new(&UUID, 100), &end, slice_reader(&log)).unwrap();
@@ -339,7 +339,7 @@ fn entries_of_an_earlier_lap_past_the_end_are_not_damage() {
     // the area's beginning with higher sequences, wrote 3 over them.
     let (mut log, _) = lap(100, 10);
     let (newer, offsets) = lap(500, 3);
-    let over = offsets[2] as usize + 128;
+    let over = usize::try_from(offsets[2]).unwrap() + 128;
     log[..over].copy_from_slice(&newer[..over]);
     let len = log.len() as u64;
     let end = scan_log_with(len, &Lap::new(&UUID, 500), slice_reader(&log), |_, _, _| {});

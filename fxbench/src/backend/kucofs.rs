@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kucofs_ulib::{Config, Fs, Protection};
 
@@ -236,16 +237,13 @@ impl Backend for KucofsBackend {
     fn server_counters(&self) -> Option<ServerCounters> {
         let s = self.fs().kfs_stats()?;
         Some(ServerCounters {
-            busy_ns: s.busy.as_nanos() as u64,
+            busy_ns: nanos(s.busy),
             per_op: s
                 .per_kind
                 .iter()
                 .map(|&(k, n, ns)| (format!("{k:?}"), (n, ns)))
                 .collect::<BTreeMap<_, _>>(),
-            longest_pause_ns: self
-                .fs()
-                .take_longest_pause()
-                .map_or(0, |d| d.as_nanos() as u64),
+            longest_pause_ns: self.fs().take_longest_pause().map_or(0, nanos),
         })
     }
 
@@ -282,6 +280,11 @@ impl FileHandle for kucofs_ulib::File {
     fn len(&self) -> io::Result<u64> {
         self.metadata().map(|m| m.len())
     }
+}
+
+/// `d` in nanoseconds, saturating (a `u64` holds 584 years of them).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -85,6 +85,13 @@ pub(crate) fn buffer() -> Box<Buffer> {
     Box::new(Buffer([0; BLOCK]))
 }
 
+/// The byte a data file's block `index` is filled with past its stamp.
+// The low byte of the index, mixed: dropping the rest is intended.
+#[allow(clippy::cast_possible_truncation)]
+fn fill_byte(index: u64) -> u8 {
+    index as u8 ^ 0x5a
+}
+
 /// Writes `value` into the first 8 bytes of `block`.
 pub(super) fn stamp(block: &mut [u8], value: u64) {
     block[..8].copy_from_slice(&value.to_le_bytes());
@@ -138,15 +145,15 @@ pub(super) fn make_data_file(fs: &dyn Backend, path: &Path, blocks: u64) -> Resu
     let mut chunk = vec![0u8; FILL_CHUNK * BLOCK];
     let mut next = 0;
     while next < blocks {
-        let n = (blocks - next).min(FILL_CHUNK as u64);
-        let bytes = &mut chunk[..n as usize * BLOCK];
+        let n = usize::try_from(blocks - next).map_or(FILL_CHUNK, |n| n.min(FILL_CHUNK));
+        let bytes = &mut chunk[..n * BLOCK];
         for (index, block) in (next..).zip(bytes.chunks_exact_mut(BLOCK)) {
-            block.fill(index as u8 ^ 0x5a);
+            block.fill(fill_byte(index));
             stamp(block, index);
         }
         write_all_at(file.as_ref(), bytes, next * BLOCK as u64)
             .map_err(|e| OpFailure::new("write", path, e))?;
-        next += n;
+        next += n as u64;
     }
     file.sync_all()
         .map_err(|e| OpFailure::new("fsync", path, e))
@@ -215,10 +222,13 @@ mod tests {
         let path = private_file(&fs, Path::new("run"), 1, blocks).unwrap();
         assert_eq!(path, Path::new("run/w1/file"));
         let bytes = std::fs::read(tmp.path().join("run/w1/file")).unwrap();
-        assert_eq!(bytes.len(), blocks as usize * BLOCK);
+        assert_eq!(bytes.len(), (FILL_CHUNK + 3) * BLOCK);
         for (i, block) in bytes.chunks_exact(BLOCK).enumerate() {
             assert_eq!(stamp_of(block), i as u64);
-            assert!(block[8..].iter().all(|&b| b == i as u8 ^ 0x5a), "block {i}");
+            assert!(
+                block[8..].iter().all(|&b| b == fill_byte(i as u64)),
+                "block {i}"
+            );
         }
     }
 
@@ -241,7 +251,7 @@ mod tests {
         for _ in 0..200 {
             let off = random.next_offset();
             assert_eq!(off % BLOCK as u64, 0);
-            seen[(off / BLOCK as u64) as usize] = true;
+            seen[usize::try_from(off / BLOCK as u64).unwrap()] = true;
         }
         assert_eq!(seen, [true; 5]);
     }

@@ -1,7 +1,7 @@
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use kucofs_common::format::{LogEntryHeader, LOG_ENTRY_HEADER_SIZE, MIN_IMAGE_SIZE};
+use kucofs_common::format::{LogEntryHeader, LOG_ENTRY_HEADER_SIZE, MIN_IMAGE_SIZE, PAGE_LEN};
 use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
 
@@ -87,7 +87,7 @@ fn mkfs_over_an_old_image_clears_its_log() {
     assert_eq!(inspect(&path).unwrap().log_entries, 0);
     // Cleared, not just keyed by the new image's uuid.
     let bytes = std::fs::read(&path).unwrap();
-    let log = sb.geometry.log.offset() as usize;
+    let log = usize::try_from(sb.geometry.log.offset()).unwrap();
     assert!(bytes[log..log + 64].iter().all(|&b| b == 0));
 }
 
@@ -213,7 +213,7 @@ fn flipping_any_byte_of_one_copy_never_panics_and_never_misleads() {
     let dir = shm_dir();
     let path = dir.path().join("img");
     let original = mkfs(&path, 2 << 20, false).unwrap();
-    let page = PAGE_SIZE as usize;
+    let page = PAGE_LEN;
     let copy_a = read_at(&path, 0, page);
     let copy_b = read_at(&path, PAGE_SIZE, page);
     for (target, other) in [(0u64, PAGE_SIZE), (PAGE_SIZE, 0u64)] {
@@ -275,7 +275,8 @@ fn a_crash_anywhere_in_a_superblock_update_leaves_old_or_new() {
     let (mut saw_old, mut saw_new) = (false, false);
     for image in images.iter() {
         let (sb, _) = select_superblock(&path, image.len() as u64, |off, buf| {
-            buf.copy_from_slice(&image[off as usize..off as usize + buf.len()]);
+            let off = usize::try_from(off).unwrap();
+            buf.copy_from_slice(&image[off..off + buf.len()]);
             Ok(())
         })
         .expect("every crash image opens");
