@@ -4,9 +4,43 @@
 use std::fmt;
 use std::io;
 
-/// A POSIX errno.
+/// A POSIX errno: a number in `1..=`[`Errno::MAX`], never 0 (success is
+/// no errno) and never negative, so a value of this type always names a
+/// failure a caller can hand to `io::Error::from_raw_os_error`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Errno(pub i32);
+pub struct Errno(i32);
+
+impl Errno {
+    /// The largest errno (Linux reserves `-4095..=-1` for errors in a
+    /// system call's return value).
+    pub const MAX: i32 = 4095;
+
+    /// The errno `n`, or `None` if `n` is not in `1..=`[`Errno::MAX`].
+    #[inline]
+    pub const fn new(n: i32) -> Option<Errno> {
+        if n >= 1 && n <= Errno::MAX {
+            Some(Errno(n))
+        } else {
+            None
+        }
+    }
+
+    /// The errno `n`, or `EPROTO` if `n` is not one (a number that came
+    /// from a peer, which must not be trusted to be in range).
+    #[inline]
+    pub const fn or_eproto(n: i32) -> Errno {
+        match Errno::new(n) {
+            Some(e) => e,
+            None => Errno::EPROTO,
+        }
+    }
+
+    /// The number.
+    #[inline]
+    pub const fn get(self) -> i32 {
+        self.0
+    }
+}
 
 macro_rules! errnos {
     ($($name:ident),* $(,)?) => {
@@ -81,5 +115,54 @@ impl std::error::Error for Errno {}
 impl From<Errno> for io::Error {
     fn from(e: Errno) -> io::Error {
         io::Error::from_raw_os_error(e.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_numbers_in_range_are_errnos() {
+        assert_eq!(Errno::new(0), None);
+        assert_eq!(Errno::new(-1), None);
+        assert_eq!(Errno::new(i32::MIN), None);
+        assert_eq!(Errno::new(Errno::MAX + 1), None);
+        assert_eq!(Errno::new(i32::MAX), None);
+        assert_eq!(Errno::new(1), Some(Errno::EPERM));
+        assert_eq!(Errno::new(libc::ENOENT), Some(Errno::ENOENT));
+        assert_eq!(Errno::new(Errno::MAX).map(Errno::get), Some(Errno::MAX));
+    }
+
+    #[test]
+    fn a_number_out_of_range_from_a_peer_becomes_eproto() {
+        assert_eq!(Errno::or_eproto(libc::EEXIST), Errno::EEXIST);
+        assert_eq!(Errno::or_eproto(0), Errno::EPROTO);
+        assert_eq!(Errno::or_eproto(-5), Errno::EPROTO);
+        assert_eq!(Errno::or_eproto(Errno::MAX + 1), Errno::EPROTO);
+    }
+
+    #[test]
+    fn a_reply_with_an_errno_out_of_range_is_eproto() {
+        use crate::proto::Reply;
+        for n in [-1, -4095, Errno::MAX + 1, i32::MIN, i32::MAX] {
+            let r = Reply {
+                errno: n,
+                ..Reply::default()
+            };
+            assert_eq!(r.result(), Err(Errno::EPROTO), "errno {n}");
+        }
+        let r = Reply::err(Errno::ENOSPC);
+        assert_eq!(r.errno, libc::ENOSPC);
+        assert_eq!(r.result(), Err(Errno::ENOSPC));
+    }
+
+    #[test]
+    fn every_named_errno_is_in_range_and_round_trips() {
+        for e in [Errno::EPERM, Errno::EIO, Errno::EOPNOTSUPP, Errno::EPROTO] {
+            assert_eq!(Errno::new(e.get()), Some(e));
+            assert!(e.name().is_some());
+        }
+        assert_eq!(format!("{:?}", Errno::new(4000).unwrap()), "Errno(4000)");
     }
 }

@@ -7,7 +7,7 @@
 //! checks every field: lengths, names, offsets are never trusted.
 
 use crate::codec::{Reader, Writer};
-use crate::index::PATH_MAX;
+use crate::index::{DirentOff, InodeOff, PATH_MAX};
 use crate::Errno;
 
 /// Version of what a client and Kfs must agree on: the request encoding
@@ -37,13 +37,13 @@ const RUN_PAGE_BITS: u32 = 40;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Hint {
     /// Offset of the parent directory's inode.
-    pub dir: u64,
+    pub dir: InodeOff,
     /// Its generation.
     pub dir_gen: u32,
     /// The node before the name's position.
-    pub pred: u64,
-    /// The entry with the name, or 0 if the client found none.
-    pub found: u64,
+    pub pred: DirentOff,
+    /// The entry with the name, or null if the client found none.
+    pub found: DirentOff,
     /// Its generation.
     pub found_gen: u32,
 }
@@ -317,7 +317,7 @@ impl Reply {
     /// A failure reply.
     pub fn err(e: Errno) -> Reply {
         Reply {
-            errno: e.0,
+            errno: e.get(),
             ..Reply::default()
         }
     }
@@ -327,7 +327,9 @@ impl Reply {
         if self.errno == 0 {
             Ok(self)
         } else {
-            Err(Errno(self.errno))
+            // A peer's number out of range is a broken reply, not an
+            // errno to hand on.
+            Err(Errno::or_eproto(self.errno))
         }
     }
 
@@ -422,10 +424,10 @@ pub const HEADER: usize = 12;
 fn put_hint(w: &mut Writer<'_>, h: &Option<Hint>) {
     w.bool(h.is_some());
     if let Some(h) = h {
-        w.u64(h.dir);
+        w.u64(h.dir.get());
         w.u32(h.dir_gen);
-        w.u64(h.pred);
-        w.u64(h.found);
+        w.u64(h.pred.get());
+        w.u64(h.found.get());
         w.u32(h.found_gen);
     }
 }
@@ -435,10 +437,10 @@ fn get_hint(r: &mut Reader<'_>) -> Result<Option<Hint>, Errno> {
         return Ok(None);
     }
     Ok(Some(Hint {
-        dir: r.u64()?,
+        dir: InodeOff::new(r.u64()?),
         dir_gen: r.u32()?,
-        pred: r.u64()?,
-        found: r.u64()?,
+        pred: DirentOff::new(r.u64()?),
+        found: DirentOff::new(r.u64()?),
         found_gen: r.u32()?,
     }))
 }
@@ -767,10 +769,10 @@ mod tests {
                 any::<u32>(),
             )
                 .prop_map(|(dir, dir_gen, pred, found, found_gen)| Hint {
-                    dir,
+                    dir: InodeOff::new(dir),
                     dir_gen,
-                    pred,
-                    found,
+                    pred: DirentOff::new(pred),
+                    found: DirentOff::new(found),
                     found_gen,
                 }),
         )

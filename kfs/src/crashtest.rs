@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kucofs_common::index::blockmap::{entry_page, EntrySource, MapReader, PAGE};
-use kucofs_common::index::Kind;
+use kucofs_common::index::{InodeOff, Kind};
 use kucofs_common::pm::{
     CrashState, Hardware, Landed, Prefixes, Protection, Recorder, Space, CACHE_LINE,
 };
@@ -462,7 +462,7 @@ impl Tree {
                     let mut data = vec![0u8; a.size as usize];
                     for (i, chunk) in data.chunks_mut(PAGE as usize).enumerate() {
                         let page = entry_page(map.entry(i as u64));
-                        if page != 0 && region.read(page * PAGE, chunk).is_err() {
+                        if !page.is_none() && region.read(page.byte_offset(), chunk).is_err() {
                             // A page outside the region: unreadable, shown
                             // as bytes no write made.
                             chunk.fill(0xEE);
@@ -471,10 +471,10 @@ impl Tree {
                     data
                 }
             };
-            let same_as = match first_path.get(&a.ino) {
+            let same_as = match first_path.get(&a.ino.get()) {
                 Some(p) => Some(p.clone()),
                 None => {
-                    first_path.insert(a.ino, path.clone());
+                    first_path.insert(a.ino.get(), path.clone());
                     None
                 }
             };
@@ -912,7 +912,12 @@ fn write(
     tag: u8,
     req: &mut Req<'_>,
 ) -> std::result::Result<(), Errno> {
-    let old_size = v.namespace().reader().attr(f.inode).ok_or(Errno::EIO)?.size;
+    let old_size = v
+        .namespace()
+        .reader()
+        .attr(InodeOff::new(f.inode))
+        .ok_or(Errno::EIO)?
+        .size;
     let start = at.unwrap_or(old_size);
     let end = start + len;
     let (first, last) = (start / PAGE, (end - 1) / PAGE);
@@ -966,8 +971,13 @@ fn write(
 fn old_page(v: &Volume, inode: u64, page: u64) -> Vec<u8> {
     let r = v.namespace().reader();
     let mut data = vec![0u8; PAGE as usize];
-    let at = entry_page(MapReader::of_inode(r.mem(), inode).entry(page));
-    if at != 0 && v.image().region().read(at * PAGE, &mut data).is_err() {
+    let at = entry_page(MapReader::of_inode(r.mem(), InodeOff::new(inode)).entry(page));
+    if !at.is_none()
+        && v.image()
+            .region()
+            .read(at.byte_offset(), &mut data)
+            .is_err()
+    {
         data.fill(0);
     }
     data

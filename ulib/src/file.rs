@@ -20,8 +20,7 @@ use kucofs_common::index::blockmap::{
     entries_unchanged, entry_page, load_entries, runs_are_whole, EntrySource, MapReader, FANOUT,
     MAX_FILE_SIZE, N_SLOTS, PAGE,
 };
-use kucofs_common::index::layout::I_SIZE;
-use kucofs_common::index::Kind;
+use kucofs_common::index::{InodeOff, Kind};
 use kucofs_common::pm::{PoolWriter, Words};
 use kucofs_common::proto::{open, Extents, Request, COMMIT_PAGES_MAX};
 use kucofs_common::Errno;
@@ -131,7 +130,7 @@ impl OpenOptions {
         })?;
         let inner = fs.inner().clone();
         let kind = inner
-            .with_index(|r| r.kind(reply.inode))?
+            .with_index(|r| r.kind(InodeOff::new(reply.inode)))?
             .ok_or_else(|| err(Errno::EIO))?;
         let lock = inner.range_lock(reply.ino);
         let file = File {
@@ -290,13 +289,13 @@ impl File {
         // the entries under it.
         self.fs
             .index()
-            .load_u64(self.inode + I_SIZE, Ordering::Acquire)
+            .load_u64(InodeOff::new(self.inode).size(), Ordering::Acquire)
     }
 
     /// The file's metadata.
     pub fn metadata(&self) -> io::Result<Metadata> {
         self.fs
-            .with_index(|r| r.attr(self.inode))?
+            .with_index(|r| r.attr(InodeOff::new(self.inode)))?
             .map(Metadata)
             .ok_or_else(|| err(Errno::EIO))
     }
@@ -331,7 +330,7 @@ impl File {
                 // One chunk: the pages of up to READ_CHUNK, copied from one
                 // state of the map.
                 let copied = loop {
-                    let size = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
+                    let size = mem.load_u64(InodeOff::new(self.inode).size(), Ordering::Acquire);
                     if at >= size {
                         break 0;
                     }
@@ -351,11 +350,11 @@ impl File {
                     if let Some(g) = guess {
                         region.prefetch_range(g + at % PAGE, Layout::PREFETCH);
                     }
-                    let map = MapReader::of_inode(mem, self.inode);
+                    let map = MapReader::of_inode(mem, InodeOff::new(self.inode));
                     let snap = &mut entries[..n as usize];
                     load_entries(&map, first, snap);
                     if snap[0] != 0 {
-                        let next = Layout::after(layout, first, entry_page(snap[0]));
+                        let next = Layout::after(layout, first, entry_page(snap[0]).get());
                         // Stored only when it changes: a contiguous file's
                         // reads leave the line shared.
                         if next != layout {
@@ -373,14 +372,15 @@ impl File {
                     // zeroing a page's tail in place, then a grow) must
                     // not pass. A wrong guess costs one copy.
                     if let Some(g) = guess {
-                        let again = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
+                        let again =
+                            mem.load_u64(InodeOff::new(self.inode).size(), Ordering::Acquire);
                         let out = &mut buf[done..done + (end - at) as usize];
                         if region.read(g + at % PAGE, out).is_ok()
                             && again == size
                             && names_run(snap, g / PAGE)
                             && runs_are_whole(snap)
                             && entries_unchanged(&map, first, snap)
-                            && map.is_current(self.inode)
+                            && map.is_current(InodeOff::new(self.inode))
                         {
                             break (end - at) as usize;
                         }
@@ -392,14 +392,16 @@ impl File {
                     // here means no zeroing of these pages can overlap the
                     // copy unless the check of the entries below fails.
                     if !runs_are_whole(snap)
-                        || mem.load_u64(self.inode + I_SIZE, Ordering::Acquire) != size
+                        || mem.load_u64(InodeOff::new(self.inode).size(), Ordering::Acquire) != size
                     {
                         std::hint::spin_loop();
                         continue;
                     }
                     let out = &mut buf[done..done + (end - at) as usize];
                     let whole = copy_pages(region, snap, first, at, out);
-                    if entries_unchanged(&map, first, snap) && map.is_current(self.inode) {
+                    if entries_unchanged(&map, first, snap)
+                        && map.is_current(InodeOff::new(self.inode))
+                    {
                         if !whole {
                             return Err(err(Errno::EIO));
                         }
@@ -582,13 +584,13 @@ impl File {
         fp: u64,
         page: &mut [u8; PAGE as usize],
     ) -> io::Result<()> {
-        let size = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
+        let size = mem.load_u64(InodeOff::new(self.inode).size(), Ordering::Acquire);
         let old = size.saturating_sub(fp * PAGE).min(PAGE) as usize;
-        let e = MapReader::of_inode(mem, self.inode).entry(fp);
+        let e = MapReader::of_inode(mem, InodeOff::new(self.inode)).entry(fp);
         if old > 0 && e != 0 {
             self.fs
                 .region
-                .read(entry_page(e) * PAGE, &mut page[..old])
+                .read(entry_page(e).get() * PAGE, &mut page[..old])
                 .map_err(common_err)?;
         } else {
             page[..old].fill(0);
@@ -620,8 +622,8 @@ impl File {
     /// the region at `base`; `None` for a hole.
     fn page_address(&self, base: usize, offset: u64) -> io::Result<Option<usize>> {
         self.fs.with_index(|r| {
-            let e = MapReader::of_inode(r.mem(), self.inode).entry(offset / PAGE);
-            (e != 0).then(|| base + (entry_page(e) * PAGE) as usize)
+            let e = MapReader::of_inode(r.mem(), InodeOff::new(self.inode)).entry(offset / PAGE);
+            (e != 0).then(|| base + (entry_page(e).get() * PAGE) as usize)
         })
     }
 
@@ -695,7 +697,7 @@ fn names_run(entries: &[u64], page: u64) -> bool {
     entries
         .iter()
         .zip(page..)
-        .all(|(&e, p)| e != 0 && entry_page(e) == p)
+        .all(|(&e, p)| e != 0 && entry_page(e).get() == p)
 }
 
 /// Copies file bytes `[at, at + out.len())`, whose pages from `first` have
@@ -720,7 +722,10 @@ fn copy_pages(
         let dst = &mut out[(s - at) as usize..(t - at) as usize];
         if e == 0 {
             dst.fill(0);
-        } else if region.read(entry_page(e) * PAGE + s % PAGE, dst).is_err() {
+        } else if region
+            .read(entry_page(e).get() * PAGE + s % PAGE, dst)
+            .is_err()
+        {
             whole = false;
         }
     }
@@ -830,8 +835,10 @@ mod tests {
 
     /// The region page holding file page `page` of `f`.
     fn page_of(f: &File, page: u64) -> u64 {
-        f.fs.with_index(|r| entry_page(MapReader::of_inode(r.mem(), f.inode).entry(page)))
-            .unwrap()
+        f.fs.with_index(|r| {
+            entry_page(MapReader::of_inode(r.mem(), InodeOff::new(f.inode)).entry(page)).get()
+        })
+        .unwrap()
     }
 
     /// Page `p` of the test file as written in round `round`: bytes that

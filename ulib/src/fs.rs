@@ -71,7 +71,7 @@ fn process_umask() -> u32 {
 }
 
 pub(crate) fn err(e: Errno) -> io::Error {
-    io::Error::from_raw_os_error(e.0)
+    io::Error::from_raw_os_error(e.get())
 }
 
 pub(crate) fn common_err(e: kucofs_common::Error) -> io::Error {
@@ -823,7 +823,7 @@ impl Fs {
                 if r.kind(d) != Some(Kind::Dir) {
                     return Err(Errno::ENOTDIR);
                 }
-                Ok((d, header_gen(r.header(d))))
+                Ok((d.get(), header_gen(r.header(d.get()))))
             })?
             .map_err(err)?;
         Ok(ReadDir {

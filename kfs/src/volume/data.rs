@@ -13,8 +13,7 @@
 //! fences the log entry before it replies.
 
 use kucofs_common::index::blockmap::{entry_page, MapReader, MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
-use kucofs_common::index::layout::I_SIZE;
-use kucofs_common::index::Kind;
+use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::{Protection, Protector, Shm, Words, BATCH_PAGES, BATCH_TIME};
 use kucofs_common::proto::{open, Extents, Reply, Request, COMMIT_PAGES_MAX, GRANT_RUNS};
 use kucofs_common::Errno;
@@ -66,7 +65,7 @@ impl Warmer {
     /// Returns where the entry is, for [`Warmer::replaced`]; `None` for a
     /// page the map does not reach.
     pub fn map(&self, inode: u64, page: u64) -> Option<WarmEntry> {
-        let at = MapReader::of_inode(&*self.index, inode).slot(page)?;
+        let at = MapReader::of_inode(&*self.index, InodeOff::new(inode)).slot(page)?;
         self.index.prefetch(at);
         Some(WarmEntry(at))
     }
@@ -78,9 +77,9 @@ impl Warmer {
         // Relaxed: a hint; Kfs reads the entry again under the lock.
         let e = self.index.load_u64(entry.0, Ordering::Relaxed);
         if e != 0 {
-            self.states.prefetch(entry_page(e));
+            self.states.prefetch(entry_page(e).get());
             if let Some(owners) = &self.owners {
-                owners.prefetch(entry_page(e));
+                owners.prefetch(entry_page(e).get());
             }
         }
     }
@@ -397,7 +396,7 @@ impl Volume {
         self.pages.release_client(client);
         for (ino, (n, _)) in c.opens {
             for _ in 0..n {
-                self.ns.unpin(ino)?;
+                self.ns.unpin(Ino::new(ino))?;
             }
         }
         self.retire_replaced();
@@ -465,14 +464,14 @@ impl Volume {
                     hint,
                 };
                 created = true;
-                self.handle_inner(&create, caller.creds)?.inode
+                InodeOff::new(self.handle_inner(&create, caller.creds)?.inode)
             }
             Err(e) => return Err(e),
         };
         let r = self.ns.reader();
         let kind = r.kind(inode).ok_or(Errno::EIO)?;
-        let ino = r.ino(inode);
-        let gen = kucofs_common::index::layout::header_gen(r.header(inode));
+        let ino = r.ino(inode).get();
+        let gen = kucofs_common::index::layout::header_gen(r.header(inode.get()));
         if kind == Kind::Dir && (write || flags & open::TRUNC != 0) {
             return Err(Errno::EISDIR);
         }
@@ -489,19 +488,19 @@ impl Volume {
         // As on Linux, truncating a file that was there already changes its
         // times even when it is empty; a file this open made is left alone.
         if write && flags & open::TRUNC != 0 && !created {
-            self.set_size(inode, ino, 0)?;
+            self.set_size(inode.get(), ino, 0)?;
         }
         let reply = Reply {
             errno: 0,
             ino,
-            inode,
+            inode: inode.get(),
             gen,
             // 1: this open created the file.
             value: u64::from(created),
             ..Reply::default()
         };
         if kind == Kind::File {
-            self.ns.pin(ino);
+            self.ns.pin(Ino::new(ino));
             let c = self.client(caller)?;
             let o = c.opens.entry(ino).or_default();
             o.0 += 1;
@@ -533,7 +532,7 @@ impl Volume {
         if write && writes == 0 {
             self.data.leases.remove(&ino);
         }
-        self.ns.unpin(ino)?;
+        self.ns.unpin(Ino::new(ino))?;
         self.retire_replaced();
         Ok(Reply::default())
     }
@@ -544,7 +543,7 @@ impl Volume {
         if self.data.leases.get(&ino) != Some(&caller.client) {
             return Err(Errno::EBADF);
         }
-        self.ns.file_inode(ino)
+        self.ns.file_inode(Ino::new(ino)).map(InodeOff::get)
     }
 
     fn grant(&mut self, pages: u32, caller: Caller) -> Result<Reply, Errno> {
@@ -690,10 +689,10 @@ impl Volume {
         if at == 0 || unless.contains(&page) {
             return Ok(());
         }
-        let Some(data_page) = self.ns.reversion_page(inode, page)? else {
+        let Some(data_page) = self.ns.reversion_page(InodeOff::new(inode), page)? else {
             return Ok(());
         };
-        let off = data_page * PAGE + at;
+        let off = data_page.byte_offset() + at;
         let region = self.image.region();
         region
             .fill(off, PAGE - at, 0)
@@ -718,7 +717,7 @@ impl Volume {
             return Err(Errno::EINVAL);
         }
         let inode = self.leased(ino, caller)?;
-        let old_size = self.ns.shm_u64(inode + I_SIZE);
+        let old_size = self.ns.shm_u64(InodeOff::new(inode).size());
         let new_size = old_size.max(size);
         // The last page committed holds bytes of the file (`first + n` was
         // checked against the largest file, so this cannot overflow).
@@ -741,7 +740,7 @@ impl Volume {
             }
             let time = self.ns.stamp();
             let rec = Record::Write {
-                ino,
+                ino: Ino::new(ino),
                 first,
                 extents: *extents,
                 size: new_size,
@@ -751,7 +750,8 @@ impl Volume {
                 self.pages.untake(h, pages);
                 return Err(e);
             }
-            self.ns.write_pages(inode, first, pages, new_size, time)?;
+            self.ns
+                .write_pages(InodeOff::new(inode), first, pages, new_size, time)?;
             self.retire_replaced();
             self.after_commit(caller, extents, time);
             self.maybe_checkpoint();
@@ -779,13 +779,17 @@ impl Volume {
     }
 
     fn set_size(&mut self, inode: u64, ino: u64, size: u64) -> Result<(), Errno> {
-        let old_size = self.ns.shm_u64(inode + I_SIZE);
+        let old_size = self.ns.shm_u64(InodeOff::new(inode).size());
         if size > old_size {
             self.zero_tail(inode, old_size, 0..0)?;
         }
         let time = self.ns.stamp();
-        self.log_record(&Record::Truncate { ino, size, time })?;
-        self.ns.truncate_file(inode, size, time)?;
+        self.log_record(&Record::Truncate {
+            ino: Ino::new(ino),
+            size,
+            time,
+        })?;
+        self.ns.truncate_file(InodeOff::new(inode), size, time)?;
         self.retire_replaced();
         self.maybe_checkpoint();
         Ok(())
@@ -816,7 +820,7 @@ impl Volume {
     pub(super) fn retire_replaced(&mut self) {
         let epoch = self.ns.epoch();
         let pages = &mut self.pages;
-        self.ns.drain_replaced(|p| pages.retire(p, epoch));
+        self.ns.drain_replaced(|p| pages.retire(p.get(), epoch));
     }
 
     /// Makes committed pages read-only again as the client's protection
@@ -1064,7 +1068,7 @@ fn reserve_prefix(region: &kucofs_common::pm::Region, s: u64, n: u64) -> (u64, O
     while want > 0 {
         match region.reserve(s * PAGE, want * PAGE) {
             Ok(()) => return (want, why),
-            Err(e) => why = Some(Errno(e.errno())),
+            Err(e) => why = Some(Errno::new(e.errno()).unwrap_or(Errno::EIO)),
         }
         want /= 2;
     }

@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use kucofs_common::index::blockmap::PAGE;
-use kucofs_common::index::Kind;
+use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
 
@@ -102,7 +102,7 @@ fn tree(ns: &Namespace) -> BTreeMap<String, (Kind, u32, u32, u64)> {
         for e in es {
             let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
             let a = r.attr(e.inode).unwrap();
-            out.insert(path.clone(), (e.kind, a.nlink, a.mode, a.ino));
+            out.insert(path.clone(), (e.kind, a.nlink, a.mode, a.ino.get()));
             if e.kind == Kind::Dir {
                 stack.push((e.inode, path));
             }
@@ -273,10 +273,10 @@ fn a_commit_is_durable_at_its_reply_and_whole_in_every_crash_image() {
             )
         },
         |v, (f, _)| {
-            let inode = v.ns.file_inode(f.ino).unwrap();
+            let inode = v.ns.file_inode(Ino::new(f.ino)).unwrap();
             let mut pages = Vec::new();
-            v.ns.file_pages(inode, |p, d| pages.push((p, d)));
-            let size = v.ns.shm_u64(inode + kucofs_common::index::layout::I_SIZE);
+            v.ns.file_pages(inode, |p, d| pages.push((p, d.get())));
+            let size = v.ns.shm_u64(inode.size());
             (size, pages)
         },
     );
@@ -303,9 +303,9 @@ fn a_commit_fences_the_data_stored_before_it_ahead_of_its_entry() {
             assert_eq!(v.handle(&commit(f.ino, 0, 64, g.inode, 1), ME).errno, 0)
         },
         |v, (f, _)| {
-            let inode = v.ns.file_inode(f.ino).unwrap();
+            let inode = v.ns.file_inode(Ino::new(f.ino)).unwrap();
             let mut pages = Vec::new();
-            v.ns.file_pages(inode, |p, d| pages.push((p, d)));
+            v.ns.file_pages(inode, |p, d| pages.push((p, d.get())));
             let held = pages.first().map(|&(_, d)| {
                 let mut b = [0u8; 64];
                 v.image.region().read(d * PAGE, &mut b).unwrap();
@@ -356,9 +356,15 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
         .errno,
         0
     );
-    assert_eq!(v.namespace().file_inode(f.ino), Ok(f.inode));
+    assert_eq!(
+        v.namespace().file_inode(Ino::new(f.ino)),
+        Ok(InodeOff::new(f.inode))
+    );
     v.detach_client(0).unwrap();
-    assert_eq!(v.namespace().file_inode(f.ino), Err(Errno::ENOENT));
+    assert_eq!(
+        v.namespace().file_inode(Ino::new(f.ino)),
+        Err(Errno::ENOENT)
+    );
     // Seven unused pool pages came back at once; the committed one waits
     // for its grace period.
     assert_eq!(v.pages().free_pages(), free - 1);
@@ -745,7 +751,7 @@ fn a_warmer_finds_the_entry_a_commit_made() {
     let w = v.warmer();
     let e = w.map(f.inode, 3).unwrap();
     assert_eq!(
-        kucofs_common::index::blockmap::entry_page(v.ns.shm_u64(e.0)),
+        kucofs_common::index::blockmap::entry_page(v.ns.shm_u64(e.0)).get(),
         g.inode + 1
     );
     w.replaced(e);
@@ -795,7 +801,12 @@ fn a_truncating_open_changes_an_existing_file_and_reports_a_created_one() {
             ME,
         );
         assert_eq!(r.errno, 0);
-        let mtime = v.namespace().reader().attr(r.inode).unwrap().mtime;
+        let mtime = v
+            .namespace()
+            .reader()
+            .attr(InodeOff::new(r.inode))
+            .unwrap()
+            .mtime;
         assert_eq!(
             v.handle(
                 &Request::Close {
