@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kucofs_common::channel::{Doorbell, Segment};
 use kucofs_common::index::layout::header_gen;
-use kucofs_common::index::{name_hash, IndexReader};
+use kucofs_common::index::{name_hash, DirentOff, IndexReader, InodeOff};
 use kucofs_common::proto::{Creds, Hint, Reply, Request};
 use kucofs_common::Errno;
 use kucofs_kfs::{Client, Kfs, ServerConfig, Volume};
@@ -72,11 +72,11 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
         let s = r.search(d, name_hash(name), name);
         Hint {
             dir: d,
-            dir_gen: header_gen(r.header(d)),
+            dir_gen: header_gen(r.header(d.get())),
             pred: s.pred,
             found: s.found,
-            found_gen: if s.found != 0 {
-                header_gen(r.header(s.found))
+            found_gen: if !s.found.is_null() {
+                header_gen(r.header(s.found.get()))
             } else {
                 0
             },
@@ -139,17 +139,29 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
             let g = good(name);
             [
                 Hint {
-                    pred: u64::MAX - 3,
+                    pred: DirentOff::new(u64::MAX - 3),
                     ..g
                 },
                 Hint {
-                    pred: g.pred + 8,
+                    pred: DirentOff::new(g.pred.get() + 8),
                     ..g
                 },
-                Hint { pred: d, ..g },
-                Hint { pred: 1 << 40, ..g },
-                Hint { dir: d + 24, ..g },
-                Hint { dir: u64::MAX, ..g },
+                Hint {
+                    pred: DirentOff::new(d.get()),
+                    ..g
+                },
+                Hint {
+                    pred: DirentOff::new(1 << 40),
+                    ..g
+                },
+                Hint {
+                    dir: InodeOff::new(d.get() + 24),
+                    ..g
+                },
+                Hint {
+                    dir: InodeOff::new(u64::MAX),
+                    ..g
+                },
                 Hint {
                     pred: stale.found,
                     ..g
@@ -210,7 +222,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
                 ..f5h
             },
             Hint {
-                found: f5 + 16,
+                found: DirentOff::new(f5.get() + 16),
                 ..f5h
             },
         ] {
@@ -227,7 +239,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
             );
         }
         assert!(
-            r.lookup(d, b"f5") != 0 && r.lookup(d, b"f6") != 0,
+            !r.lookup(d, b"f5").is_null() && !r.lookup(d, b"f6").is_null(),
             "a forged address removed a wrong entry"
         );
         // Invalid names and paths.

@@ -367,7 +367,9 @@ mod tests {
                     let s = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     any |= seg.serve(s, &mut buf, |req| match req {
-                        Ok(Request::Unlink { path, .. }) => Err(Errno(path.len() as i32)),
+                        Ok(Request::Unlink { path, .. }) => {
+                            Err(Errno::new(path.len() as i32).unwrap())
+                        }
                         Ok(_) => Ok(Reply::Done),
                         Err(e) => Err(e),
                     });
@@ -406,7 +408,7 @@ mod tests {
                                 hint: None,
                             };
                             let r = client.call(t, client_bell, &req);
-                            assert_eq!(r, Err(Errno(path.len() as i32)));
+                            assert_eq!(r, Err(Errno::new(path.len() as i32).unwrap()));
                             if i % 100 == 0 {
                                 // Long enough for Kfs to fall asleep.
                                 std::thread::sleep(Duration::from_millis(5));

@@ -31,6 +31,60 @@ pub mod meta;
 pub const PAGE_SIZE: u64 = PAGE_LEN as u64;
 /// [`PAGE_SIZE`] as a `usize`, for buffers and slices of one page.
 pub const PAGE_LEN: usize = 4096;
+
+/// The number of a data page: its place in the region, in units of
+/// [`PAGE_SIZE`] from the region's start. 0 is the first superblock's
+/// page, never a file's, so a block-map entry uses it for a hole.
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub struct PageNo(u64);
+
+impl PageNo {
+    /// No page (a hole in a block map).
+    pub const NONE: PageNo = PageNo(0);
+
+    /// Page `n`.
+    #[inline(always)]
+    pub const fn new(n: u64) -> PageNo {
+        PageNo(n)
+    }
+
+    /// The number.
+    #[inline(always)]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// True for [`PageNo::NONE`].
+    #[inline(always)]
+    pub const fn is_none(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The page's first byte, as an offset in the region.
+    #[inline(always)]
+    pub const fn byte_offset(self) -> u64 {
+        self.0 * PAGE_SIZE
+    }
+
+    /// The page `n` pages on.
+    #[inline(always)]
+    pub const fn plus(self, n: u64) -> PageNo {
+        PageNo(self.0 + n)
+    }
+}
+
+impl fmt::Debug for PageNo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "page {}", self.0)
+    }
+}
+
+impl fmt::Display for PageNo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 /// The superblock magic: "KucoFS" and two bytes that make a text file unlikely
 /// to match.
 pub const MAGIC: [u8; 8] = *b"KucoFS\x00\xf5";

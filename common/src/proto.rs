@@ -7,7 +7,7 @@
 //! checks every field: lengths, names, offsets are never trusted.
 
 use crate::codec::{Reader, Writer};
-use crate::index::PATH_MAX;
+use crate::index::{DirentOff, Ino, InodeOff, PATH_MAX};
 use crate::Errno;
 
 /// Version of what a client and Kfs must agree on: the request encoding
@@ -38,13 +38,13 @@ const RUN_PAGE_BITS: u32 = 40;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Hint {
     /// Offset of the parent directory's inode.
-    pub dir: u64,
+    pub dir: InodeOff,
     /// Its generation.
     pub dir_gen: u32,
     /// The node before the name's position.
-    pub pred: u64,
-    /// The entry with the name, or 0 if the client found none.
-    pub found: u64,
+    pub pred: DirentOff,
+    /// The entry with the name, or null if the client found none.
+    pub found: DirentOff,
     /// Its generation.
     pub found_gen: u32,
 }
@@ -149,7 +149,7 @@ pub enum Request<'a> {
     },
     /// Close a file opened by this client (a write open gives back its
     /// share of the lease).
-    Close { ino: u64, write: bool },
+    Close { ino: Ino, write: bool },
     /// Ask for a pool of up to `pages` free data pages for this thread's
     /// slot, made writable for this client. Replied [`Reply::Grant`]: up to
     /// 1 + [`GRANT_RUNS`] runs of pages.
@@ -158,13 +158,13 @@ pub enum Request<'a> {
     /// pages `extents` name, in order, and the file is at least `size`
     /// bytes long. Needs the write lease.
     Commit {
-        ino: u64,
+        ino: Ino,
         first: u64,
         size: u64,
         extents: Extents,
     },
     /// Set a file's size (needs the write lease).
-    Truncate { ino: u64, size: u64 },
+    Truncate { ino: Ino, size: u64 },
     /// Give back to the free pages `pages` unused pages from `start` of
     /// the pool of this client's slot `slot`: a thread whose grant found
     /// no free page takes back the pools other threads of its process
@@ -299,9 +299,9 @@ impl Extents {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Node {
     /// Its inode number.
-    pub ino: u64,
+    pub ino: Ino,
     /// Its inode's offset in the index.
-    pub inode: u64,
+    pub inode: InodeOff,
     /// Its inode's generation.
     pub gen: u32,
 }
@@ -398,8 +398,6 @@ pub enum ReplyKind {
 
 /// The kind tag of a failure's encoding.
 const TAG_ERR: u8 = 0xff;
-/// Errno values a failure may carry (Linux's `MAX_ERRNO` is 4095).
-const ERRNO_MAX: i32 = 4095;
 
 // Reply encoding: byte 0 the kind tag; byte 1 an open's `created`; bytes
 // 4..8 a failure's errno or a node's generation; 8..16 a node's inode
@@ -477,7 +475,7 @@ impl Reply {
         let mut put = |at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
         let tag = match reply {
             Err(e) => {
-                put(R_WORD, &e.0.to_le_bytes());
+                put(R_WORD, &e.get().to_le_bytes());
                 TAG_ERR
             }
             Ok(r) => {
@@ -485,8 +483,8 @@ impl Reply {
                     Reply::Done => {}
                     Reply::Node(n) | Reply::Open { node: n, .. } => {
                         put(R_WORD, &n.gen.to_le_bytes());
-                        put(R_A, &n.ino.to_le_bytes());
-                        put(R_B, &n.inode.to_le_bytes());
+                        put(R_A, &n.ino.get().to_le_bytes());
+                        put(R_B, &n.inode.get().to_le_bytes());
                     }
                     Reply::Grant(g) => {
                         put(R_A, &g.first.0.to_le_bytes());
@@ -523,17 +521,17 @@ impl Reply {
         let tag = b[R_TAG];
         if tag == TAG_ERR {
             let e = u32_at(R_WORD) as i32;
-            if !(1..=ERRNO_MAX).contains(&e) || !zero(1..R_WORD) || !zero(R_A..REPLY_SIZE) {
-                return Err(Errno::EPROTO);
-            }
-            return Err(Errno(e));
+            return match Errno::new(e) {
+                Some(e) if zero(1..R_WORD) && zero(R_A..REPLY_SIZE) => Err(e),
+                _ => Err(Errno::EPROTO),
+            };
         }
         if tag != expect as u8 {
             return Err(Errno::EPROTO);
         }
         let node = || Node {
-            ino: u64_at(R_A),
-            inode: u64_at(R_B),
+            ino: Ino::new(u64_at(R_A)),
+            inode: InodeOff::new(u64_at(R_B)),
             gen: u32_at(R_WORD),
         };
         let (reply, ok) = match expect {
@@ -595,10 +593,10 @@ pub const HEADER: usize = 12;
 fn put_hint(w: &mut Writer<'_>, h: &Option<Hint>) {
     w.bool(h.is_some());
     if let Some(h) = h {
-        w.u64(h.dir);
+        w.u64(h.dir.get());
         w.u32(h.dir_gen);
-        w.u64(h.pred);
-        w.u64(h.found);
+        w.u64(h.pred.get());
+        w.u64(h.found.get());
         w.u32(h.found_gen);
     }
 }
@@ -608,10 +606,10 @@ fn get_hint(r: &mut Reader<'_>) -> Result<Option<Hint>, Errno> {
         return Ok(None);
     }
     Ok(Some(Hint {
-        dir: r.u64()?,
+        dir: InodeOff::new(r.u64()?),
         dir_gen: r.u32()?,
-        pred: r.u64()?,
-        found: r.u64()?,
+        pred: DirentOff::new(r.u64()?),
+        found: DirentOff::new(r.u64()?),
         found_gen: r.u32()?,
     }))
 }
@@ -700,7 +698,7 @@ impl<'a> Request<'a> {
                 op::OPEN
             }
             Request::Close { ino, write } => {
-                w.u64(*ino);
+                w.u64(ino.get());
                 w.bool(*write);
                 op::CLOSE
             }
@@ -714,14 +712,14 @@ impl<'a> Request<'a> {
                 size,
                 extents,
             } => {
-                w.u64(*ino);
+                w.u64(ino.get());
                 w.u64(*first);
                 w.u64(*size);
                 extents.encode(&mut w);
                 op::COMMIT
             }
             Request::Truncate { ino, size } => {
-                w.u64(*ino);
+                w.u64(ino.get());
                 w.u64(*size);
                 op::TRUNCATE
             }
@@ -800,18 +798,18 @@ impl<'a> Request<'a> {
                 hint: get_hint(&mut r)?,
             },
             op::CLOSE => Request::Close {
-                ino: r.u64()?,
+                ino: Ino::new(r.u64()?),
                 write: r.bool()?,
             },
             op::GRANT => Request::Grant { pages: r.u32()? },
             op::COMMIT => Request::Commit {
-                ino: r.u64()?,
+                ino: Ino::new(r.u64()?),
                 first: r.u64()?,
                 size: r.u64()?,
                 extents: Extents::decode(&mut r)?,
             },
             op::TRUNCATE => Request::Truncate {
-                ino: r.u64()?,
+                ino: Ino::new(r.u64()?),
                 size: r.u64()?,
             },
             op::UNPOOL => Request::Unpool {
@@ -956,10 +954,10 @@ mod tests {
                 any::<u32>(),
             )
                 .prop_map(|(dir, dir_gen, pred, found, found_gen)| Hint {
-                    dir,
+                    dir: InodeOff::new(dir),
                     dir_gen,
-                    pred,
-                    found,
+                    pred: DirentOff::new(pred),
+                    found: DirentOff::new(found),
                     found_gen,
                 }),
         )
@@ -979,16 +977,27 @@ mod tests {
                 3 => Request::Rename { from: &a, to: &b, noreplace: true, hint_from: h1, hint_to: h2 },
                 4 => Request::SetAttr { path: &a, follow: false, attrs: SetAttrs { mode: Some(mode), ..SetAttrs::default() } },
                 5 => Request::Open { path: &a, flags: mode, mode: mode >> 3, hint: h1 },
-                6 => Request::Close { ino: x, write: y & 1 == 1 },
+                6 => Request::Close {
+                    ino: Ino::new(x),
+                    write: y & 1 == 1,
+                },
                 7 => Request::Grant { pages: mode },
                 8 => {
                     let mut extents = Extents::new();
                     for (s, l) in &runs {
                         extents.push(*s, *l);
                     }
-                    Request::Commit { ino: x, first: y, size: x ^ y, extents }
+                    Request::Commit {
+                        ino: Ino::new(x),
+                        first: y,
+                        size: x ^ y,
+                        extents,
+                    }
                 }
-                9 => Request::Truncate { ino: x, size: y },
+                9 => Request::Truncate {
+                    ino: Ino::new(x),
+                    size: y,
+                },
                 10 => Request::Unpool { slot: mode, start: x, pages: y as u32 },
                 _ => Request::Ping,
             };
@@ -1030,8 +1039,8 @@ mod tests {
 
     fn node() -> impl Strategy<Value = Node> {
         (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(ino, inode, gen)| Node {
-            ino,
-            inode,
+            ino: Ino::new(ino),
+            inode: InodeOff::new(inode),
             gen,
         })
     }
@@ -1076,10 +1085,10 @@ mod tests {
         }
 
         #[test]
-        fn failures_round_trip_for_every_kind(e in 1..=ERRNO_MAX) {
-            let b = Reply::encode(&Err(Errno(e)));
+        fn failures_round_trip_for_every_kind(e in 1..=Errno::MAX) {
+            let b = Reply::encode(&Err(Errno::new(e).unwrap()));
             for k in KINDS {
-                prop_assert_eq!(Reply::decode(&b, k), Err(Errno(e)));
+                prop_assert_eq!(Reply::decode(&b, k), Err(Errno::new(e).unwrap()));
             }
         }
 
@@ -1113,8 +1122,8 @@ mod tests {
 
     #[test]
     fn errnos_out_of_range_and_unknown_tags_are_refused() {
-        for e in [0, -1, ERRNO_MAX + 1, i32::MIN, i32::MAX] {
-            let b = Reply::encode(&Err(Errno(e)));
+        for e in [0, -1, Errno::MAX + 1, i32::MIN, i32::MAX] {
+            let b = Reply::encode(&Err(Errno::new(e).unwrap()));
             assert_eq!(
                 Reply::decode(&b, ReplyKind::Done),
                 Err(Errno::EPROTO),
@@ -1172,7 +1181,10 @@ mod tests {
         );
         assert_eq!(expect(Request::Grant { pages: 1 }), ReplyKind::Grant);
         assert_eq!(
-            expect(Request::Truncate { ino: 1, size: 0 }),
+            expect(Request::Truncate {
+                ino: Ino::new(1),
+                size: 0
+            }),
             ReplyKind::Size
         );
         assert_eq!(expect(Request::Ping), ReplyKind::Done);
@@ -1186,8 +1198,8 @@ mod tests {
         );
         // A namespace change's reply: its node where the kind has one.
         let n = Node {
-            ino: 3,
-            inode: 4096,
+            ino: Ino::new(3),
+            inode: InodeOff::new(4096),
             gen: 1,
         };
         assert_eq!(

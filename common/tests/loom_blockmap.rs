@@ -38,6 +38,7 @@
 //! - a writer that stores entries `Relaxed` lets a reader see a new entry
 //!   and still load its page's stamp from before the commit (0 here).
 
+use kucofs_common::format::PageNo;
 use kucofs_common::index::blockmap::{
     entries_unchanged, entry_page, load_entries, next_version, publish, runs_are_whole,
     EntrySource, EntryStore, VERSION_MOD,
@@ -172,8 +173,8 @@ impl Fs {
 
     /// The stamp of data page `page`. Relaxed on purpose: the Acquire load
     /// of the entry that named the page must alone make the stamp visible.
-    fn stamp(&self, page: u64) -> u64 {
-        self.stamps[page as usize].load(Ordering::Relaxed)
+    fn stamp(&self, page: PageNo) -> u64 {
+        self.stamps[page.get() as usize].load(Ordering::Relaxed)
     }
 }
 

@@ -160,10 +160,10 @@ impl Arena {
     /// The words of the inode at `inode`, checked once, for a change of
     /// its attributes under its sequence lock.
     #[inline]
-    pub fn attrs(&self, inode: u64) -> Result<Attrs<'_>, Errno> {
+    pub fn attrs(&self, inode: InodeOff) -> Result<Attrs<'_>, Errno> {
         let words = self
             .shm
-            .words(inode, (INODE_SIZE / 8) as usize)
+            .words(inode.get(), (INODE_SIZE / 8) as usize)
             .map_err(|_| Errno::EFAULT)?;
         Ok(Attrs {
             arena: self,
@@ -368,7 +368,7 @@ impl Arena {
 #[derive(Debug)]
 pub struct Attrs<'a> {
     arena: &'a Arena,
-    inode: u64,
+    inode: InodeOff,
     words: &'a [std::sync::atomic::AtomicU64],
 }
 
@@ -377,7 +377,7 @@ impl Attrs<'_> {
     /// inode) with `Release`, as [`Arena::put`].
     #[inline]
     pub fn put(&self, off: u64, v: u64) -> Result<(), Errno> {
-        let i = off.wrapping_sub(self.inode);
+        let i = off.wrapping_sub(self.inode.get());
         let w = i
             .is_multiple_of(8)
             .then(|| self.words.get((i / 8) as usize))
@@ -389,7 +389,7 @@ impl Attrs<'_> {
 
     /// Stores a 4-byte word inside the inode, as [`Arena::put32`].
     pub fn put32(&self, off: u64, v: u32) -> Result<(), Errno> {
-        if off.wrapping_sub(self.inode) > INODE_SIZE - 4 {
+        if off.wrapping_sub(self.inode.get()) > INODE_SIZE - 4 {
             return Err(Errno::EFAULT);
         }
         self.arena.put32(off, v)
@@ -398,7 +398,7 @@ impl Attrs<'_> {
     /// Begins a change of the inode's attributes (sequence lock: odd).
     #[inline]
     fn begin(&self) -> u64 {
-        let seq = &self.words[(I_SEQ / 8) as usize];
+        let seq = &self.words[InodeOff::SEQ_WORD];
         let s = seq.load(Ordering::Relaxed) | 1;
         seq.store(s, Ordering::Relaxed);
         // Orders the odd sequence before the field stores that follow;
@@ -413,7 +413,7 @@ impl Attrs<'_> {
     /// Acquire load of `seq`.
     #[inline]
     fn end(&self, s: u64) {
-        self.words[(I_SEQ / 8) as usize].store(s + 1, Ordering::Release);
+        self.words[InodeOff::SEQ_WORD].store(s + 1, Ordering::Release);
     }
 
     /// Runs `f`, a change of the inode's attributes, under its sequence
@@ -466,29 +466,29 @@ mod tests {
     #[test]
     fn an_unset_item_is_neither_cleared_nor_populated_but_gets_a_new_generation() {
         let mut a = Arena::new().unwrap();
-        let size = B_SLOTS + (8 << 20);
+        let size = BucketTable::size(20);
         let class = class_for(size).unwrap();
-        let x = a.alloc_unset(TAG_BUCKETS, size).unwrap();
-        assert_eq!(a.get(x), header(TAG_BUCKETS, class, 1));
+        let x = BucketTable::new(a.alloc_unset(TAG_BUCKETS, size).unwrap());
+        assert_eq!(a.get(x.get()), header(TAG_BUCKETS, class, 1));
         // Fresh: its pages are left to its writes, and populating goes on
         // from its end.
         assert_eq!(a.populated, a.used());
-        a.put(x + B_SLOTS + 8 * 1000, 0xabcd).unwrap();
-        a.retire(x).unwrap();
+        a.put(x.slot(1000), 0xabcd).unwrap();
+        a.retire(x.get()).unwrap();
         assert_eq!(a.reclaim([0].into_iter()).unwrap(), 1);
         // Reused: what its last owner left is still there, under the next
         // generation, written last.
-        let y = a.alloc_unset(TAG_BUCKETS, size).unwrap();
+        let y = BucketTable::new(a.alloc_unset(TAG_BUCKETS, size).unwrap());
         assert_eq!(y, x);
-        assert_eq!(a.get(y), header(TAG_BUCKETS, class, 2));
-        assert_eq!(a.get(y + B_SLOTS + 8 * 1000), 0xabcd);
+        assert_eq!(a.get(y.get()), header(TAG_BUCKETS, class, 2));
+        assert_eq!(a.get(y.slot(1000)), 0xabcd);
         // An ordinary allocation of it is cleared.
-        a.retire(y).unwrap();
+        a.retire(y.get()).unwrap();
         assert_eq!(a.reclaim([0].into_iter()).unwrap(), 1);
-        let z = a.alloc(TAG_BUCKETS, size).unwrap();
+        let z = BucketTable::new(a.alloc(TAG_BUCKETS, size).unwrap());
         assert_eq!(z, x);
-        assert_eq!(a.get(z), header(TAG_BUCKETS, class, 3));
-        assert_eq!(a.get(z + B_SLOTS + 8 * 1000), 0);
+        assert_eq!(a.get(z.get()), header(TAG_BUCKETS, class, 3));
+        assert_eq!(a.get(z.slot(1000)), 0);
     }
 
     /// The most fresh space one change can allocate: a directory's table
@@ -501,12 +501,12 @@ mod tests {
     /// of a tree grown from nothing.
     fn worst_change() -> u64 {
         let item = |size| class_size(class_for(size).unwrap());
-        let table = item(B_SLOTS + (8 << BUCKET_BITS_MAX));
+        let table = item(BucketTable::size(BUCKET_BITS_MAX));
         let sentinels = crate::namespace::GROW_STEP * item(dirent_size(0));
         let create = item(INODE_SIZE)
             + item(dirent_size(kucofs_common::index::NAME_MAX))
-            + item(ITABLE_SLOTS_AT + 8 * ITABLE_CHUNK_INOS)
-            + item(S_BYTES + kucofs_common::index::PATH_MAX as u64);
+            + item(ITABLE_CHUNK_SIZE)
+            + item(SymlinkOff::size(kucofs_common::index::PATH_MAX as u64));
         use kucofs_common::index::blockmap::{FANOUT, MAX_HEIGHT, NODE_SIZE};
         let commit = (kucofs_common::proto::COMMIT_PAGES_MAX.div_ceil(FANOUT)
             + 1
@@ -548,25 +548,26 @@ mod tests {
     #[test]
     fn an_attribute_change_stores_its_fields_inside_one_even_to_even_sequence() {
         let mut a = Arena::new().unwrap();
-        let inode = a.alloc(TAG_INODE, INODE_SIZE).unwrap();
-        let seq = a.get(inode + I_SEQ);
+        let inode = InodeOff::new(a.alloc(TAG_INODE, INODE_SIZE).unwrap());
+        let seq = a.get(inode.seq());
         assert_eq!(seq % 2, 0);
         let attrs = a.attrs(inode).unwrap();
         let seen = attrs.change(|x| {
-            x.put(inode + I_SIZE, 4096).unwrap();
-            x.put32(inode + I_NLINK, 3).unwrap();
+            x.put(inode.size(), 4096).unwrap();
+            x.put32(inode.nlink(), 3).unwrap();
             // Odd while the change is under way.
-            a.get(inode + I_SEQ)
+            a.get(inode.seq())
         });
         assert_eq!(seen, seq | 1);
-        assert_eq!(a.get(inode + I_SEQ), seq + 2);
-        assert_eq!(a.get(inode + I_SIZE), 4096);
-        assert_eq!(a.get32(inode + I_NLINK), 3);
+        assert_eq!(a.get(inode.seq()), seq + 2);
+        assert_eq!(a.get(inode.size()), 4096);
+        assert_eq!(a.get32(inode.nlink()), 3);
         // A word past the inode is not this change's to store.
-        assert_eq!(attrs.put(inode + INODE_SIZE, 1), Err(Errno::EFAULT));
-        assert_eq!(attrs.put(inode.wrapping_sub(8), 1), Err(Errno::EFAULT));
-        assert_eq!(attrs.put(inode + I_SIZE + 4, 1), Err(Errno::EFAULT));
-        assert_eq!(attrs.put32(inode + INODE_SIZE - 2, 1), Err(Errno::EFAULT));
-        assert_eq!(attrs.put32(inode.wrapping_sub(4), 1), Err(Errno::EFAULT));
+        let at = inode.get();
+        assert_eq!(attrs.put(at + INODE_SIZE, 1), Err(Errno::EFAULT));
+        assert_eq!(attrs.put(at.wrapping_sub(8), 1), Err(Errno::EFAULT));
+        assert_eq!(attrs.put(inode.size() + 4, 1), Err(Errno::EFAULT));
+        assert_eq!(attrs.put32(at + INODE_SIZE - 2, 1), Err(Errno::EFAULT));
+        assert_eq!(attrs.put32(at.wrapping_sub(4), 1), Err(Errno::EFAULT));
     }
 }

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use kucofs_common::format::PAGE_LEN;
 use kucofs_common::index::blockmap::{entry_page, EntrySource, MapReader, PAGE};
-use kucofs_common::index::Kind;
+use kucofs_common::index::{InodeOff, Kind};
 use kucofs_common::pm::{
     CrashState, Hardware, Landed, Prefixes, Protection, Recorder, Space, CACHE_LINE,
 };
@@ -466,7 +466,7 @@ impl Tree {
                     let mut data = vec![0u8; size];
                     for (i, chunk) in data.chunks_mut(PAGE_LEN).enumerate() {
                         let page = entry_page(map.entry(i as u64));
-                        if page != 0 && region.read(page * PAGE, chunk).is_err() {
+                        if !page.is_none() && region.read(page.byte_offset(), chunk).is_err() {
                             // A page outside the region: unreadable, shown
                             // as bytes no write made.
                             chunk.fill(0xEE);
@@ -475,10 +475,10 @@ impl Tree {
                     data
                 }
             };
-            let same_as = match first_path.get(&a.ino) {
+            let same_as = match first_path.get(&a.ino.get()) {
                 Some(p) => Some(p.clone()),
                 None => {
-                    first_path.insert(a.ino, path.clone());
+                    first_path.insert(a.ino.get(), path.clone());
                     None
                 }
             };
@@ -969,11 +969,16 @@ fn write(
 }
 
 /// The data of file page `page` of the file at `inode` (zeros for a hole).
-fn old_page(v: &Volume, inode: u64, page: u64) -> Vec<u8> {
+fn old_page(v: &Volume, inode: InodeOff, page: u64) -> Vec<u8> {
     let r = v.namespace().reader();
     let mut data = vec![0u8; PAGE_LEN];
     let at = entry_page(MapReader::of_inode(r.mem(), inode).entry(page));
-    if at != 0 && v.image().region().read(at * PAGE, &mut data).is_err() {
+    if !at.is_none()
+        && v.image()
+            .region()
+            .read(at.byte_offset(), &mut data)
+            .is_err()
+    {
         data.fill(0);
     }
     data

@@ -21,7 +21,9 @@ use std::path::Path;
 
 use kucofs_common::format::{Superblock, PAGE_SIZE, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE};
 use kucofs_common::index::layout::*;
-use kucofs_common::index::{check_name, name_hash, IndexReader, Kind};
+use kucofs_common::index::{
+    check_name, name_hash, BucketTable, DirentOff, IndexReader, Ino, InodeOff, Kind,
+};
 use kucofs_common::pm::{RegionView, Shm};
 
 use crate::image::select_superblock;
@@ -104,15 +106,15 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
     let p = &mut report.problems;
     let root = r.root();
     // Inode -> names pointing at it; directory -> its subdirectories.
-    let mut refs: HashMap<u64, u32> = HashMap::new();
-    let mut subdirs: HashMap<u64, u32> = HashMap::new();
+    let mut refs: HashMap<InodeOff, u32> = HashMap::new();
+    let mut subdirs: HashMap<InodeOff, u32> = HashMap::new();
     let mut stack = vec![root];
     let mut seen_dirs = std::collections::HashSet::new();
     seen_dirs.insert(root);
     while let Some(dir) = stack.pop() {
         let dir_ino = r.ino(dir);
         let head = r.dir_head(dir);
-        if !r.is_live(head, TAG_DIRHEAD, None) {
+        if !r.is_live(head.get(), TAG_DIRHEAD, None) {
             p.push(format!(
                 "directory {dir_ino}: list head is not a live head item"
             ));
@@ -125,7 +127,7 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
         }
         let mut count = 0u64;
         let mut x = r.next(head);
-        while x != 0 {
+        while !x.is_null() {
             if r.is_marker(x) {
                 x = r.next(x);
                 continue;
@@ -145,7 +147,7 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
             match r.attr(inode) {
                 None => p.push(format!("{at}: names something that is not an inode")),
                 Some(a) => {
-                    if !r.is_live(inode, TAG_INODE, None) {
+                    if !r.is_live(inode.get(), TAG_INODE, None) {
                         p.push(format!("{at}: names a removed inode"));
                     }
                     if a.ino != e.ino {
@@ -200,17 +202,17 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
     let mut in_table = 0u64;
     let top = ns.arena().get(HDR_ITABLE);
     for chunk_no in 0..ITABLE_TOP_SLOTS {
-        let chunk = ns.arena().get(top + ITABLE_SLOTS_AT + 8 * chunk_no);
+        let chunk = ns.arena().get(itable_slot(top, chunk_no));
         if chunk == 0 {
             continue;
         }
         for slot in 0..ITABLE_CHUNK_INOS {
-            let inode = ns.arena().get(chunk + ITABLE_SLOTS_AT + 8 * slot);
-            if inode == 0 {
+            let inode = InodeOff::new(ns.arena().get(itable_slot(chunk, slot)));
+            if inode.is_null() {
                 continue;
             }
             in_table += 1;
-            let ino = chunk_no * ITABLE_CHUNK_INOS + slot;
+            let ino = Ino::new(chunk_no * ITABLE_CHUNK_INOS + slot);
             let Some(a) = r.attr(inode) else {
                 p.push(format!(
                     "inode table: inode {ino} points at something that is not an inode"
@@ -254,24 +256,24 @@ fn check_tree(ns: &Namespace, report: &mut FsckReport) {
 fn check_list(
     r: &IndexReader<'_, Shm>,
     ns: &Namespace,
-    dir: u64,
-    head: u64,
-    dir_ino: u64,
+    dir: InodeOff,
+    head: DirentOff,
+    dir_ino: Ino,
     p: &mut Vec<String>,
 ) -> bool {
     let mut seen = std::collections::HashSet::new();
     let mut l = r.link(head);
-    let mut x = l & LINK_NODE_MASK;
+    let mut x = link_node(l);
     let mut prev: Option<(u64, Vec<u8>)> = None;
     let mut sentinels = 0u64;
-    while x != 0 {
+    while !x.is_null() {
         if !seen.insert(x) {
             p.push(format!("directory {dir_ino}: its list loops"));
             return false;
         }
         let marker = r.is_marker(x);
         let tag = if marker { TAG_SENTINEL } else { TAG_DIRENT };
-        if !r.is_live(x, tag, None) || ns.arena().get(x + D_DIR) != dir {
+        if !r.is_live(x.get(), tag, None) || ns.arena().get(x.dir()) != dir.get() {
             p.push(format!(
                 "directory {dir_ino}: its list holds a node that is not its own live item"
             ));
@@ -290,11 +292,12 @@ fn check_list(
         }
         prev = Some((e.hash, e.name));
         l = r.link(x);
-        x = l & LINK_NODE_MASK;
+        x = link_node(l);
     }
-    let table = ns.arena().get(dir + I_BUCKETS);
-    let bits = ns.arena().get(table + B_BITS) as u32;
-    if !r.is_live(table, TAG_BUCKETS, None) || !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits)
+    let table = BucketTable::new(ns.arena().get(dir.buckets()));
+    let bits = ns.arena().get(table.bits()) as u32;
+    if !r.is_live(table.get(), TAG_BUCKETS, None)
+        || !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits)
     {
         p.push(format!("directory {dir_ino}: no valid bucket table"));
         return true;
@@ -312,11 +315,11 @@ fn check_list(
         ));
     }
     // A sentinel of this directory with the key `bucket_start(b, bits)`.
-    let is_sentinel = |s: u64, b: u64, bits: u32| {
+    let is_sentinel = |s: DirentOff, b: u64, bits: u32| {
         seen.contains(&s) && r.is_marker(s) && r.dirent(s).hash == bucket_start(b, bits)
     };
     for b in 0..1u64 << bits {
-        let s = ns.arena().get(table + B_SLOTS + 8 * b);
+        let s = DirentOff::new(ns.arena().get(table.slot(b)));
         let ok = if b == 0 {
             s == head
         } else {
@@ -334,7 +337,7 @@ fn check_list(
     // The sentinels counted above are the old table's and, in the new
     // table's odd slots, distinct keys: every sentinel is accounted for.
     let nb = bits + 1;
-    if !r.is_live(new, TAG_BUCKETS, None) || ns.arena().get(new + B_BITS) != u64::from(nb) {
+    if !r.is_live(new.get(), TAG_BUCKETS, None) || ns.arena().get(new.bits()) != u64::from(nb) {
         p.push(format!(
             "directory {dir_ino}: its growing table is no table of {} buckets",
             1u64 << nb
@@ -342,9 +345,9 @@ fn check_list(
         return true;
     }
     for b in 0..migrated {
-        let low = ns.arena().get(new + B_SLOTS + 16 * b);
-        let high = ns.arena().get(new + B_SLOTS + 16 * b + 8);
-        if low != ns.arena().get(table + B_SLOTS + 8 * b) || !is_sentinel(high, 2 * b + 1, nb) {
+        let low = ns.arena().get(new.slot(2 * b));
+        let high = DirentOff::new(ns.arena().get(new.slot(2 * b + 1)));
+        if low != ns.arena().get(table.slot(b)) || !is_sentinel(high, 2 * b + 1, nb) {
             p.push(format!(
                 "directory {dir_ino}: bucket {b} is not split at its new sentinel"
             ));
@@ -360,7 +363,7 @@ fn check_list(
 fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
     use kucofs_common::format::meta::Owner;
     let g = sb.geometry;
-    let mut owner: HashMap<u64, u64> = HashMap::new();
+    let mut owner: HashMap<u64, Ino> = HashMap::new();
     let mut files = Vec::new();
     ns.for_each_inode(|a| {
         if a.kind() == Some(Kind::File) {
@@ -371,6 +374,7 @@ fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
         let mut count = 0u64;
         let mut past_end = false;
         ns.file_pages(a.offset, |fp, p| {
+            let p = p.get();
             count += 1;
             past_end |= fp * PAGE_SIZE >= a.size;
             if p < g.data.start || p >= g.data.end() {
@@ -389,7 +393,7 @@ fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
             let named = ns.store().owner(p);
             if named
                 != Some(Owner::File {
-                    ino: a.ino,
+                    ino: a.ino.get(),
                     page: fp,
                 })
             {
@@ -427,7 +431,6 @@ fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use kucofs_common::index::layout::D_NEXT;
     use kucofs_common::proto::{Creds, Request};
 
     fn superblock() -> Superblock {
@@ -479,12 +482,10 @@ pub(crate) mod tests {
         let root = r.root();
         // The list's last node links back to its first.
         let mut x = r.next(r.dir_head(root));
-        while r.next(x) != 0 {
+        while !r.next(x).is_null() {
             x = r.next(x);
         }
-        ns.arena()
-            .put(x + D_NEXT, r.link(r.dir_head(root)))
-            .unwrap();
+        ns.arena().put(x.next(), r.link(r.dir_head(root))).unwrap();
         let problems = problems(&ns);
         let loops = problems.iter().filter(|p| p.contains("loops")).count();
         assert_eq!(loops, 1, "{problems:?}");
@@ -496,7 +497,7 @@ pub(crate) mod tests {
         let r = ns.reader();
         let head = r.dir_head(r.root());
         ns.arena()
-            .put(head + D_NEXT, r.link(head) ^ 1 << LINK_NODE_BITS)
+            .put(head.next(), r.link(head) ^ 1 << LINK_NODE_BITS)
             .unwrap();
         assert_eq!(
             problems(&ns),

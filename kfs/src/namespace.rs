@@ -17,9 +17,11 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use kucofs_common::format::PageNo;
 use kucofs_common::index::layout::*;
 use kucofs_common::index::{
-    check_name, name_hash, IndexReader, InodeAttr, Kind, Last, Parent, PATH_MAX,
+    check_name, name_hash, DirentOff, IndexReader, Ino, InodeAttr, InodeOff, Kind, Last, Parent,
+    SymlinkOff, PATH_MAX,
 };
 use kucofs_common::pm::{Shm, Words};
 use kucofs_common::proto::{Creds, Hint, Node, Request};
@@ -49,13 +51,13 @@ pub struct Prepared<'a> {
 #[derive(Debug, Default, Clone, Copy)]
 struct Plan {
     /// Validated node to link the destination entry after.
-    dst: Option<u64>,
+    dst: Option<DirentOff>,
     /// The existing destination entry (rename over a target).
-    dst_found: u64,
+    dst_found: DirentOff,
     /// Validated node before the entry to remove.
-    src: Option<u64>,
+    src: Option<DirentOff>,
     /// The entry to remove.
-    src_found: u64,
+    src_found: DirentOff,
 }
 
 /// What a request resolved to.
@@ -91,7 +93,7 @@ pub struct Namespace {
     ordered_inos: Vec<u64>,
     hints: HintStats,
     /// Data pages replaced or dropped since Kfs last collected them.
-    replaced: Vec<u64>,
+    replaced: Vec<PageNo>,
     /// A commit's replaced entries (kept to save an allocation each).
     scratch: Vec<u64>,
     /// Open counts of files some client has open: an unlinked file stays
@@ -189,7 +191,7 @@ impl Namespace {
     /// An empty namespace: a root directory owned by `root`.
     pub fn new(root: Creds, time: i64) -> Result<Namespace, Errno> {
         let mut arena = Arena::new()?;
-        let top = arena.alloc(TAG_ITABLE_TOP, ITABLE_SLOTS_AT + 8 * ITABLE_TOP_SLOTS)?;
+        let top = arena.alloc(TAG_ITABLE_TOP, ITABLE_TOP_SIZE)?;
         arena.put(HDR_ITABLE_SLOTS, ITABLE_TOP_SLOTS)?;
         arena.put(HDR_ITABLE, top)?;
         let mut ns = Namespace {
@@ -207,16 +209,16 @@ impl Namespace {
             dismantling: Vec::new(),
         };
         let root_inode = ns.new_inode(
-            ROOT_INO,
+            Ino::ROOT,
             libc::S_IFDIR | 0o755,
             root.uid,
             root.gid,
             time,
-            0,
+            InodeOff::NULL,
             b"",
         )?;
-        ns.arena.put(root_inode + I_PARENT, root_inode)?;
-        ns.arena.put(HDR_ROOT, root_inode)?;
+        ns.arena.put(root_inode.parent(), root_inode.get())?;
+        ns.arena.put(HDR_ROOT, root_inode.get())?;
         Ok(ns)
     }
 
@@ -230,7 +232,7 @@ impl Namespace {
     ) -> Result<Namespace, Errno> {
         let mut ns = Namespace::new(root, time)?;
         ns.store = Store::new(g);
-        ns.store.inode_made(ROOT_INO, 0);
+        ns.store.inode_made(Ino::ROOT, 0);
         Ok(ns)
     }
 
@@ -246,8 +248,8 @@ impl Namespace {
 
     /// Notes where the store keeps index entry `node`'s record (a field
     /// only Kfs reads).
-    pub fn set_dirent_slot(&mut self, node: u64, slot: u64) {
-        let _ = self.arena.put(node + D_SLOT, slot);
+    pub fn set_dirent_slot(&mut self, node: DirentOff, slot: u64) {
+        let _ = self.arena.put(node.slot(), slot);
     }
 
     /// A reader over Kfs's own mapping of the index.
@@ -286,21 +288,21 @@ impl Namespace {
     }
 
     /// Counts an open of file `ino`.
-    pub fn pin(&mut self, ino: u64) {
-        *self.open.entry(ino).or_default() += 1;
+    pub fn pin(&mut self, ino: Ino) {
+        *self.open.entry(ino.get()).or_default() += 1;
     }
 
     /// Counts a close of file `ino`; at the last close of a file without a
     /// name, drops it.
-    pub fn unpin(&mut self, ino: u64) -> Result<(), Errno> {
-        let Some(n) = self.open.get_mut(&ino) else {
+    pub fn unpin(&mut self, ino: Ino) -> Result<(), Errno> {
+        let Some(n) = self.open.get_mut(&ino.get()) else {
             return Err(Errno::EBADF);
         };
         *n -= 1;
         if *n > 0 {
             return Ok(());
         }
-        self.open.remove(&ino);
+        self.open.remove(&ino.get());
         let inode = self.inode_of(ino)?;
         if self.nlink(inode) == 0 {
             self.drop_inode(inode)?;
@@ -309,7 +311,7 @@ impl Namespace {
     }
 
     /// The inode of file number `ino` (`ENOENT` if none).
-    pub fn file_inode(&self, ino: u64) -> Result<u64, Errno> {
+    pub fn file_inode(&self, ino: Ino) -> Result<InodeOff, Errno> {
         self.inode_of(ino)
     }
 
@@ -329,7 +331,7 @@ impl Namespace {
         let mut max = ROOT_INO;
         let mut free = Vec::new();
         for ino in ROOT_INO..self.next_ino {
-            if r.inode_by_ino(ino) == 0 {
+            if r.inode_by_ino(Ino::new(ino)).is_null() {
                 free.push(ino);
             } else {
                 max = ino;
@@ -342,19 +344,22 @@ impl Namespace {
         self.next_ino = max + 1;
     }
 
-    fn peek_ino(&mut self) -> Result<u64, Errno> {
+    fn peek_ino(&mut self) -> Result<Ino, Errno> {
         if self.ordered_inos.is_empty() && !self.free_inos.is_empty() {
             std::mem::swap(&mut self.ordered_inos, &mut self.free_inos);
             self.ordered_inos.sort_unstable_by(|a, b| b.cmp(a));
         }
         match self.ordered_inos.last() {
-            Some(&i) => Ok(i),
-            None if self.next_ino / ITABLE_CHUNK_INOS < ITABLE_TOP_SLOTS => Ok(self.next_ino),
+            Some(&i) => Ok(Ino::new(i)),
+            None if self.next_ino / ITABLE_CHUNK_INOS < ITABLE_TOP_SLOTS => {
+                Ok(Ino::new(self.next_ino))
+            }
             None => Err(Errno::ENOSPC),
         }
     }
 
-    fn take_ino(&mut self, ino: u64) {
+    fn take_ino(&mut self, ino: Ino) {
+        let ino = ino.get();
         if self.ordered_inos.last() == Some(&ino) {
             self.ordered_inos.pop();
         } else if ino >= self.next_ino {
@@ -368,32 +373,29 @@ impl Namespace {
 
     // ---- the inode table --------------------------------------------------
 
-    fn itable_set(&mut self, ino: u64, inode: u64) -> Result<(), Errno> {
+    fn itable_set(&mut self, ino: Ino, inode: InodeOff) -> Result<(), Errno> {
+        let ino = ino.get();
         let top = self.arena.get(HDR_ITABLE);
         let chunk_no = ino / ITABLE_CHUNK_INOS;
         if chunk_no >= ITABLE_TOP_SLOTS {
             return Err(Errno::ENOSPC);
         }
-        let slot_of_chunk = top + ITABLE_SLOTS_AT + 8 * chunk_no;
+        let slot_of_chunk = itable_slot(top, chunk_no);
         let mut chunk = self.arena.get(slot_of_chunk);
         if chunk == 0 {
-            chunk = self
-                .arena
-                .alloc(TAG_ITABLE_CHUNK, ITABLE_SLOTS_AT + 8 * ITABLE_CHUNK_INOS)?;
+            chunk = self.arena.alloc(TAG_ITABLE_CHUNK, ITABLE_CHUNK_SIZE)?;
             self.arena.put(slot_of_chunk, chunk)?;
         }
-        self.arena.put(
-            chunk + ITABLE_SLOTS_AT + 8 * (ino % ITABLE_CHUNK_INOS),
-            inode,
-        )?;
+        self.arena
+            .put(itable_slot(chunk, ino % ITABLE_CHUNK_INOS), inode.get())?;
         let n = self.arena.get(HDR_INODES);
-        let n = if inode == 0 { n - 1 } else { n + 1 };
+        let n = if inode.is_null() { n - 1 } else { n + 1 };
         self.arena.put(HDR_INODES, n)
     }
 
-    fn inode_of(&self, ino: u64) -> Result<u64, Errno> {
+    fn inode_of(&self, ino: Ino) -> Result<InodeOff, Errno> {
         match self.reader().inode_by_ino(ino) {
-            0 => Err(Errno::ENOENT),
+            off if off.is_null() => Err(Errno::ENOENT),
             off => Ok(off),
         }
     }
@@ -403,38 +405,39 @@ impl Namespace {
     #[allow(clippy::too_many_arguments)]
     fn new_inode(
         &mut self,
-        ino: u64,
+        ino: Ino,
         mode: u32,
         uid: u32,
         gid: u32,
         time: i64,
-        parent: u64,
+        parent: InodeOff,
         target: &[u8],
-    ) -> Result<u64, Errno> {
+    ) -> Result<InodeOff, Errno> {
         let a = &mut self.arena;
-        let inode = a.alloc(TAG_INODE, INODE_SIZE)?;
-        a.put(inode + I_INO, ino)?;
-        a.put32(inode + I_MODE, mode)?;
-        a.put32(inode + I_UID, uid)?;
-        a.put32(inode + I_GID, gid)?;
-        for f in [I_ATIME, I_MTIME, I_CTIME, I_BTIME] {
-            a.put(inode + f, time as u64)?;
+        let inode = InodeOff::new(a.alloc(TAG_INODE, INODE_SIZE)?);
+        a.put(inode.ino(), ino.get())?;
+        a.put32(inode.mode(), mode)?;
+        a.put32(inode.uid(), uid)?;
+        a.put32(inode.gid(), gid)?;
+        for at in [inode.atime(), inode.mtime(), inode.ctime(), inode.btime()] {
+            a.put(at, time as u64)?;
         }
         match Kind::from_mode(mode) {
             Some(Kind::Dir) => {
-                a.put(inode + I_PARENT, parent)?;
-                a.put32(inode + I_NLINK, 2)?;
+                a.put(inode.parent(), parent.get())?;
+                a.put32(inode.nlink(), 2)?;
                 self.new_dir_list(inode)?;
             }
             Some(Kind::Symlink) => {
-                let t = a.alloc(TAG_SYMLINK, S_BYTES + target.len() as u64)?;
-                a.put(t + S_LEN, target.len() as u64)?;
-                a.put_bytes(t + S_BYTES, target)?;
-                a.put(inode + I_DATA, t)?;
-                a.put(inode + I_SIZE, target.len() as u64)?;
-                a.put32(inode + I_NLINK, 1)?;
+                let t =
+                    SymlinkOff::new(a.alloc(TAG_SYMLINK, SymlinkOff::size(target.len() as u64))?);
+                a.put(t.length(), target.len() as u64)?;
+                a.put_bytes(t.bytes(), target)?;
+                a.put(inode.data(), t.get())?;
+                a.put(inode.size(), target.len() as u64)?;
+                a.put32(inode.nlink(), 1)?;
             }
-            Some(Kind::File) => a.put32(inode + I_NLINK, 1)?,
+            Some(Kind::File) => a.put32(inode.nlink(), 1)?,
             None => return Err(Errno::EINVAL),
         }
         self.itable_set(ino, inode)?;
@@ -446,39 +449,46 @@ impl Namespace {
     /// Changes inode fields under its sequence lock.
     fn update(
         &mut self,
-        inode: u64,
+        inode: InodeOff,
         f: impl FnOnce(&Attrs<'_>) -> Result<(), Errno>,
     ) -> Result<(), Errno> {
-        self.store.inode_changed(self.arena.get(inode + I_INO));
+        self.store
+            .inode_changed(Ino::new(self.arena.get(inode.ino())));
         self.arena.attrs(inode)?.change(f)
     }
 
     /// An inode's link count. Kfs is the only writer of inodes, so it
     /// reads its own fields without the sequence lock readers need.
-    fn nlink(&self, inode: u64) -> u32 {
-        self.arena.get32(inode + I_NLINK)
+    fn nlink(&self, inode: InodeOff) -> u32 {
+        self.arena.get32(inode.nlink())
     }
 
-    fn add_nlink(&mut self, inode: u64, delta: i32, time: i64) -> Result<u32, Errno> {
+    fn add_nlink(&mut self, inode: InodeOff, delta: i32, time: i64) -> Result<u32, Errno> {
         let n = self.nlink(inode).saturating_add_signed(delta);
         self.update(inode, |a| {
-            a.put32(inode + I_NLINK, n)?;
-            a.put(inode + I_CTIME, time as u64)
+            a.put32(inode.nlink(), n)?;
+            a.put(inode.ctime(), time as u64)
         })?;
         Ok(n)
     }
 
     /// Directory bookkeeping after an entry was added (+1) or removed (-1),
     /// and `subdirs` subdirectories with it.
-    fn touch_dir(&mut self, dir: u64, entries: i64, subdirs: i32, time: i64) -> Result<(), Errno> {
+    fn touch_dir(
+        &mut self,
+        dir: InodeOff,
+        entries: i64,
+        subdirs: i32,
+        time: i64,
+    ) -> Result<(), Errno> {
         // Kfs's own fields: no sequence lock needed to read them.
-        let count = self.arena.get(dir + I_ENTRIES);
+        let count = self.arena.get(dir.entries());
         let nlink = self.nlink(dir);
         self.update(dir, |a| {
-            a.put(dir + I_ENTRIES, count.saturating_add_signed(entries))?;
-            a.put32(dir + I_NLINK, nlink.saturating_add_signed(subdirs))?;
-            a.put(dir + I_MTIME, time as u64)?;
-            a.put(dir + I_CTIME, time as u64)
+            a.put(dir.entries(), count.saturating_add_signed(entries))?;
+            a.put32(dir.nlink(), nlink.saturating_add_signed(subdirs))?;
+            a.put(dir.mtime(), time as u64)?;
+            a.put(dir.ctime(), time as u64)
         })?;
         if entries > 0 {
             self.maybe_grow(dir)?;
@@ -488,29 +498,29 @@ impl Namespace {
 
     /// Retires an inode and what hangs off it, and frees its number; a
     /// file that is still open stays, nameless, until its last close.
-    fn drop_inode(&mut self, inode: u64) -> Result<(), Errno> {
+    fn drop_inode(&mut self, inode: InodeOff) -> Result<(), Errno> {
         let r = self.reader();
         let ino = r.ino(inode);
         let kind = r.kind(inode);
-        if kind == Some(Kind::File) && self.open.contains_key(&ino) {
+        if kind == Some(Kind::File) && self.open.contains_key(&ino.get()) {
             return Ok(());
         }
-        let data = self.arena.get(inode + I_DATA);
+        let data = self.arena.get(inode.data());
         match kind {
             Some(Kind::Dir) => self.drop_dir_list(inode)?,
             Some(Kind::Symlink) if data != 0 => self.arena.retire(data)?,
             Some(Kind::File) => self.drop_map(inode)?,
             _ => {}
         }
-        self.itable_set(ino, 0)?;
+        self.itable_set(ino, InodeOff::NULL)?;
         if kind == Some(Kind::Dir) {
             // Dead now, but kept from reuse until its list is retired
             // (whose nodes name it).
-            self.arena.mark_dead(inode)?;
+            self.arena.mark_dead(inode.get())?;
         } else {
-            self.arena.retire(inode)?;
+            self.arena.retire(inode.get())?;
         }
-        self.free_inos.push(ino);
+        self.free_inos.push(ino.get());
         self.store.inode_dropped(ino);
         Ok(())
     }
@@ -523,8 +533,8 @@ impl Namespace {
         {
             let r = self.reader();
             for ino in ROOT_INO..self.next_ino {
-                let inode = r.inode_by_ino(ino);
-                if inode != 0 && r.kind(inode) != Some(Kind::Dir) && self.nlink(inode) == 0 {
+                let inode = r.inode_by_ino(Ino::new(ino));
+                if !inode.is_null() && r.kind(inode) != Some(Kind::Dir) && self.nlink(inode) == 0 {
                     orphans.push(inode);
                 }
             }
@@ -539,7 +549,7 @@ impl Namespace {
 
     /// Takes page `p` out of the files: it waits for its grace period (see
     /// [`Namespace::drain_replaced`]), and its owner entry is cleared.
-    fn drop_data_page(&mut self, p: u64) {
+    fn drop_data_page(&mut self, p: PageNo) {
         self.replaced.push(p);
         self.store.page_freed(p);
     }
@@ -555,14 +565,14 @@ impl Namespace {
         self.reader().resolve_parent(path)
     }
 
-    fn is_ancestor_or_self(&self, ancestor: u64, mut dir: u64) -> bool {
+    fn is_ancestor_or_self(&self, ancestor: InodeOff, mut dir: InodeOff) -> bool {
         let r = self.reader();
         let root = r.root();
         for _ in 0..1 << 20 {
             if dir == ancestor {
                 return true;
             }
-            if dir == root || dir == 0 {
+            if dir == root || dir.is_null() {
                 return false;
             }
             dir = r.parent(dir);
@@ -662,7 +672,7 @@ impl Namespace {
         }
         check_name(name)?;
         let (pred, found) = self.insert_point(p.dir, name_hash(name), name, hint);
-        if found != 0 {
+        if !found.is_null() {
             return Err(Errno::EEXIST);
         }
         if p.trailing_slash && kind != Kind::Dir {
@@ -673,7 +683,7 @@ impl Namespace {
         // Kfs's own fields: read directly, without the sequence lock.
         let (mode, gid) = if self.reader().mode(p.dir) & libc::S_ISGID != 0 {
             let bit = if kind == Kind::Dir { libc::S_ISGID } else { 0 };
-            (mode | bit, self.arena.get32(p.dir + I_GID))
+            (mode | bit, self.arena.get32(p.dir.gid()))
         } else {
             (mode, creds.gid)
         };
@@ -711,7 +721,7 @@ impl Namespace {
         };
         check_name(name)?;
         let (pred, found) = self.insert_point(p.dir, name_hash(name), name, hint);
-        if found != 0 {
+        if !found.is_null() {
             return Err(Errno::EEXIST);
         }
         if p.trailing_slash {
@@ -757,7 +767,7 @@ impl Namespace {
             return Err(Errno::ENAMETOOLONG);
         }
         let (pred, found) = self.find_entry(p.dir, name, hint);
-        if found == 0 {
+        if found.is_null() {
             return Err(Errno::ENOENT);
         }
         let r = self.reader();
@@ -767,7 +777,7 @@ impl Namespace {
             if !is_dir {
                 return Err(Errno::ENOTDIR);
             }
-            if self.arena.get(inode + I_ENTRIES) > 0 {
+            if self.arena.get(inode.entries()) > 0 {
                 return Err(Errno::ENOTEMPTY);
             }
         } else if is_dir {
@@ -815,12 +825,12 @@ impl Namespace {
         // Each name is checked where Linux looks it up: the source first.
         check_name(sname)?;
         let (spred, sfound) = self.find_entry(sp.dir, sname, hint_from);
-        if sfound == 0 {
+        if sfound.is_null() {
             return Err(Errno::ENOENT);
         }
         check_name(dname)?;
         let (dpred, dfound) = self.insert_point(dp.dir, name_hash(dname), dname, hint_to);
-        if noreplace && dfound != 0 {
+        if noreplace && !dfound.is_null() {
             return Err(Errno::EEXIST);
         }
         let r = self.reader();
@@ -832,7 +842,7 @@ impl Namespace {
         if skind == Kind::Dir && sp.dir != dp.dir && self.is_ancestor_or_self(sinode, dp.dir) {
             return Err(Errno::EINVAL);
         }
-        if dfound != 0 {
+        if !dfound.is_null() {
             let dinode = r.dirent_inode(dfound);
             if sp.dir != dp.dir && self.is_ancestor_or_self(dinode, sp.dir) {
                 return Err(Errno::ENOTEMPTY);
@@ -850,7 +860,7 @@ impl Namespace {
         }
         if skind == Kind::Dir
             && sp.dir != dp.dir
-            && dfound == 0
+            && dfound.is_null()
             && self.nlink(dp.dir) >= u32::MAX - 1
         {
             return Err(Errno::EMLINK);
@@ -897,12 +907,12 @@ impl Namespace {
         self.apply_planned(rec, Plan::default())
     }
 
-    fn reply_for(&self, inode: u64) -> Option<Node> {
+    fn reply_for(&self, inode: InodeOff) -> Option<Node> {
         let r = self.reader();
         Some(Node {
             ino: r.ino(inode),
             inode,
-            gen: header_gen(r.header(inode)),
+            gen: header_gen(r.header(inode.get())),
         })
     }
 
@@ -927,7 +937,7 @@ impl Namespace {
                     Some(p) => p,
                     None => {
                         let (p, found) = self.insert_point(dir, name_hash(name), name, None);
-                        if found != 0 {
+                        if !found.is_null() {
                             return Err(Errno::EEXIST);
                         }
                         p
@@ -950,7 +960,7 @@ impl Namespace {
                     Some(p) => p,
                     None => {
                         let (p, found) = self.insert_point(dir, name_hash(name), name, None);
-                        if found != 0 {
+                        if !found.is_null() {
                             // Already applied (replay).
                             return Ok(self.reply_for(inode));
                         }
@@ -974,7 +984,7 @@ impl Namespace {
                     None => self.find_entry(dir, name, None),
                 };
                 let r = self.reader();
-                if found == 0 || r.ino(r.dirent_inode(found)) != *ino {
+                if found.is_null() || r.ino(r.dirent_inode(found)) != *ino {
                     // Already applied (replay).
                     return Ok(None);
                 }
@@ -1008,21 +1018,21 @@ impl Namespace {
                 let mode = self.reader().mode(inode);
                 self.update(inode, |a| {
                     if let Some(m) = attrs.mode {
-                        a.put32(inode + I_MODE, (mode & libc::S_IFMT) | (m & 0o7777))?;
+                        a.put32(inode.mode(), (mode & libc::S_IFMT) | (m & 0o7777))?;
                     }
                     if let Some(u) = attrs.uid {
-                        a.put32(inode + I_UID, u)?;
+                        a.put32(inode.uid(), u)?;
                     }
                     if let Some(g) = attrs.gid {
-                        a.put32(inode + I_GID, g)?;
+                        a.put32(inode.gid(), g)?;
                     }
                     if let Some(t) = attrs.atime {
-                        a.put(inode + I_ATIME, t as u64)?;
+                        a.put(inode.atime(), t as u64)?;
                     }
                     if let Some(t) = attrs.mtime {
-                        a.put(inode + I_MTIME, t as u64)?;
+                        a.put(inode.mtime(), t as u64)?;
                     }
-                    a.put(inode + I_CTIME, *time as u64)
+                    a.put(inode.ctime(), *time as u64)
                 })?;
                 Ok(self.reply_for(inode))
             }
@@ -1061,11 +1071,11 @@ impl Namespace {
     #[allow(clippy::too_many_arguments)]
     fn apply_rename(
         &mut self,
-        src_parent: u64,
+        src_parent: Ino,
         src_name: &[u8],
-        dst_parent: u64,
+        dst_parent: Ino,
         dst_name: &[u8],
-        ino: u64,
+        ino: Ino,
         time: i64,
         plan: Plan,
     ) -> Result<Option<Node>, Errno> {
@@ -1077,7 +1087,7 @@ impl Namespace {
             None => self.find_entry(sdir, src_name, None).1,
         };
         let r = self.reader();
-        if src_found == 0 || r.dirent_inode(src_found) != inode {
+        if src_found.is_null() || r.dirent_inode(src_found) != inode {
             // Already applied (replay).
             return Ok(self.reply_for(inode));
         }
@@ -1087,8 +1097,8 @@ impl Namespace {
             None => self.insert_point(ddir, name_hash(dst_name), dst_name, None),
         };
         // The new name first: a reader finds the inode under at least one.
-        let mut victim = 0;
-        if dfound != 0 {
+        let mut victim = InodeOff::NULL;
+        if !dfound.is_null() {
             victim = self.reader().dirent_inode(dfound);
             self.replace_entry(ddir, dfound, dpred, inode)?;
         } else {
@@ -1103,12 +1113,12 @@ impl Namespace {
         self.unlink_entry(src_found, s.pred)?;
         let moved_dir = i32::from(is_dir && sdir != ddir);
         self.touch_dir(sdir, -1, -moved_dir, time)?;
-        self.touch_dir(ddir, i64::from(dfound == 0), moved_dir, time)?;
+        self.touch_dir(ddir, i64::from(dfound.is_null()), moved_dir, time)?;
         if is_dir && sdir != ddir {
-            self.update(inode, |a| a.put(inode + I_PARENT, ddir))?;
+            self.update(inode, |a| a.put(inode.parent(), ddir.get()))?;
         }
-        self.update(inode, |a| a.put(inode + I_CTIME, time as u64))?;
-        if victim != 0 {
+        self.update(inode, |a| a.put(inode.ctime(), time as u64))?;
+        if !victim.is_null() {
             let victim_dir = self.reader().kind(victim) == Some(Kind::Dir);
             if victim_dir {
                 // The replaced directory's ".." no longer links ddir.
@@ -1125,27 +1135,28 @@ impl Namespace {
 
     /// Restores an inode from the store (the root's attributes overwrite
     /// the fresh root's).
-    pub fn load_inode(&mut self, a: &InodeAttr, target: &[u8]) -> Result<u64, Errno> {
+    pub fn load_inode(&mut self, a: &InodeAttr, target: &[u8]) -> Result<InodeOff, Errno> {
         let inode = match self.reader().inode_by_ino(a.ino) {
-            0 => {
-                if Kind::from_mode(a.mode).is_none() || a.ino == 0 {
+            none if none.is_null() => {
+                if Kind::from_mode(a.mode).is_none() || a.ino.get() == 0 {
                     return Err(Errno::EINVAL);
                 }
-                self.new_inode(a.ino, a.mode, a.uid, a.gid, a.ctime, 0, target)?
+                let parent = InodeOff::NULL;
+                self.new_inode(a.ino, a.mode, a.uid, a.gid, a.ctime, parent, target)?
             }
-            existing if a.ino == ROOT_INO && a.mode & libc::S_IFMT == libc::S_IFDIR => existing,
+            existing if a.ino == Ino::ROOT && a.mode & libc::S_IFMT == libc::S_IFDIR => existing,
             _ => return Err(Errno::EEXIST),
         };
         self.update(inode, |x| {
-            x.put32(inode + I_MODE, a.mode)?;
-            x.put32(inode + I_NLINK, a.nlink)?;
-            x.put32(inode + I_UID, a.uid)?;
-            x.put32(inode + I_GID, a.gid)?;
-            x.put(inode + I_SIZE, a.size)?;
-            x.put(inode + I_ATIME, a.atime as u64)?;
-            x.put(inode + I_MTIME, a.mtime as u64)?;
-            x.put(inode + I_CTIME, a.ctime as u64)?;
-            x.put(inode + I_BTIME, a.btime as u64)
+            x.put32(inode.mode(), a.mode)?;
+            x.put32(inode.nlink(), a.nlink)?;
+            x.put32(inode.uid(), a.uid)?;
+            x.put32(inode.gid(), a.gid)?;
+            x.put(inode.size(), a.size)?;
+            x.put(inode.atime(), a.atime as u64)?;
+            x.put(inode.mtime(), a.mtime as u64)?;
+            x.put(inode.ctime(), a.ctime as u64)?;
+            x.put(inode.btime(), a.btime as u64)
         })?;
         Ok(inode)
     }
@@ -1162,17 +1173,21 @@ impl Namespace {
         // Inodes AHEAD numbers on are fetched while this one is read; their
         // offsets wait in a ring, so each table slot is read once.
         const AHEAD: usize = 8;
-        let mut ring = [0u64; AHEAD];
+        let mut ring = [InodeOff::NULL; AHEAD];
         let end = self.next_ino;
         for ino in ROOT_INO..end + AHEAD as u64 {
             let slot = ino as usize % AHEAD;
             let inode = ring[slot];
-            ring[slot] = if ino < end { r.inode_by_ino(ino) } else { 0 };
-            if ring[slot] != 0 {
-                r.mem().prefetch(ring[slot] + I_SEQ);
-                r.mem().prefetch(ring[slot] + I_SIZE);
+            ring[slot] = if ino < end {
+                r.inode_by_ino(Ino::new(ino))
+            } else {
+                InodeOff::NULL
+            };
+            if !ring[slot].is_null() {
+                r.mem().prefetch(ring[slot].seq());
+                r.mem().prefetch(ring[slot].size());
             }
-            if inode == 0 {
+            if inode.is_null() {
                 continue;
             }
             let Some(a) = r.attr(inode) else { continue };
@@ -1185,11 +1200,12 @@ impl Namespace {
     /// Calls `f(parent ino, name, ino)` for every entry of every directory,
     /// directories in inode-number order (see [`IndexReader::for_each_entry`]
     /// for the order within one).
-    pub fn for_each_entry(&self, mut f: impl FnMut(u64, &[u8], u64)) {
+    pub fn for_each_entry(&self, mut f: impl FnMut(Ino, &[u8], Ino)) {
         let r = self.reader();
         for ino in ROOT_INO..self.next_ino {
+            let ino = Ino::new(ino);
             let dir = r.inode_by_ino(ino);
-            if dir != 0 && r.kind(dir) == Some(Kind::Dir) {
+            if !dir.is_null() && r.kind(dir) == Some(Kind::Dir) {
                 r.for_each_entry(dir, |name, child| f(ino, name, child));
             }
         }
@@ -1203,7 +1219,7 @@ impl Namespace {
     pub fn walk(
         &self,
         mut inode_fn: impl FnMut(&InodeAttr, Option<Vec<u8>>),
-        mut entry_fn: impl FnMut(u64, &[u8], u64),
+        mut entry_fn: impl FnMut(Ino, &[u8], Ino),
     ) {
         let r = self.reader();
         let root = r.root();

@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 
 use kucofs_common::codec::{Reader, Writer};
+use kucofs_common::index::Ino;
 pub use kucofs_common::proto::{Extents, SetAttrs};
 use kucofs_common::Errno;
 
@@ -15,9 +16,9 @@ use kucofs_common::Errno;
 pub enum Record<'a> {
     /// A new inode `ino` named `name` in directory `parent`.
     Create {
-        parent: u64,
+        parent: Ino,
         name: Cow<'a, [u8]>,
-        ino: u64,
+        ino: Ino,
         mode: u32,
         uid: u32,
         gid: u32,
@@ -27,30 +28,30 @@ pub enum Record<'a> {
     },
     /// A new name for existing inode `ino`.
     Link {
-        parent: u64,
+        parent: Ino,
         name: Cow<'a, [u8]>,
-        ino: u64,
+        ino: Ino,
         time: i64,
     },
     /// Removal of the name (of a file, symlink or empty directory `ino`).
     Unlink {
-        parent: u64,
+        parent: Ino,
         name: Cow<'a, [u8]>,
-        ino: u64,
+        ino: Ino,
         time: i64,
     },
     /// Move of `ino` from one name to another, replacing what was there.
     Rename {
-        src_parent: u64,
+        src_parent: Ino,
         src_name: Cow<'a, [u8]>,
-        dst_parent: u64,
+        dst_parent: Ino,
         dst_name: Cow<'a, [u8]>,
-        ino: u64,
+        ino: Ino,
         time: i64,
     },
     /// Attribute change of `ino`.
     SetAttr {
-        ino: u64,
+        ino: Ino,
         attrs: SetAttrs,
         time: i64,
     },
@@ -58,7 +59,7 @@ pub enum Record<'a> {
     /// the data pages `extents` name, in order, and the file is `size`
     /// bytes long. The data pages were persisted before this record.
     Write {
-        ino: u64,
+        ino: Ino,
         first: u64,
         extents: Extents,
         size: u64,
@@ -66,7 +67,7 @@ pub enum Record<'a> {
     },
     /// File `ino` is cut or extended to `size` bytes; pages past the end
     /// are dropped.
-    Truncate { ino: u64, size: u64, time: i64 },
+    Truncate { ino: Ino, size: u64, time: i64 },
 }
 
 /// Operation codes in the log.
@@ -209,9 +210,9 @@ impl<'a> Record<'a> {
                 time,
                 target,
             } => {
-                w.u64(*parent);
+                w.u64(parent.get());
                 w.bytes8(name)?;
-                w.u64(*ino);
+                w.u64(ino.get());
                 w.u32(*mode);
                 w.u32(*uid);
                 w.u32(*gid);
@@ -230,9 +231,9 @@ impl<'a> Record<'a> {
                 ino,
                 time,
             } => {
-                w.u64(*parent);
+                w.u64(parent.get());
                 w.bytes8(name)?;
-                w.u64(*ino);
+                w.u64(ino.get());
                 w.u64(*time as u64);
             }
             Record::Rename {
@@ -243,15 +244,15 @@ impl<'a> Record<'a> {
                 ino,
                 time,
             } => {
-                w.u64(*src_parent);
+                w.u64(src_parent.get());
                 w.bytes8(src_name)?;
-                w.u64(*dst_parent);
+                w.u64(dst_parent.get());
                 w.bytes8(dst_name)?;
-                w.u64(*ino);
+                w.u64(ino.get());
                 w.u64(*time as u64);
             }
             Record::SetAttr { ino, attrs, time } => {
-                w.u64(*ino);
+                w.u64(ino.get());
                 attrs.encode(&mut w);
                 w.u64(*time as u64);
             }
@@ -262,14 +263,14 @@ impl<'a> Record<'a> {
                 size,
                 time,
             } => {
-                w.u64(*ino);
+                w.u64(ino.get());
                 w.u64(*first);
                 w.u64(*size);
                 w.u64(*time as u64);
                 extents.encode(&mut w);
             }
             Record::Truncate { ino, size, time } => {
-                w.u64(*ino);
+                w.u64(ino.get());
                 w.u64(*size);
                 w.u64(*time as u64);
             }
@@ -282,9 +283,9 @@ impl<'a> Record<'a> {
         let mut r = Reader::new(payload);
         let rec = match op {
             op::CREATE => Record::Create {
-                parent: r.u64()?,
+                parent: Ino::new(r.u64()?),
                 name: Cow::Borrowed(r.bytes8(NAME)?),
-                ino: r.u64()?,
+                ino: Ino::new(r.u64()?),
                 mode: r.u32()?,
                 uid: r.u32()?,
                 gid: r.u32()?,
@@ -292,9 +293,9 @@ impl<'a> Record<'a> {
                 target: Cow::Borrowed(r.bytes16(PATH)?),
             },
             op::LINK | op::UNLINK => {
-                let parent = r.u64()?;
+                let parent = Ino::new(r.u64()?);
                 let name = Cow::Borrowed(r.bytes8(NAME)?);
-                let ino = r.u64()?;
+                let ino = Ino::new(r.u64()?);
                 let time = r.u64()? as i64;
                 if op == op::LINK {
                     Record::Link {
@@ -313,27 +314,27 @@ impl<'a> Record<'a> {
                 }
             }
             op::RENAME => Record::Rename {
-                src_parent: r.u64()?,
+                src_parent: Ino::new(r.u64()?),
                 src_name: Cow::Borrowed(r.bytes8(NAME)?),
-                dst_parent: r.u64()?,
+                dst_parent: Ino::new(r.u64()?),
                 dst_name: Cow::Borrowed(r.bytes8(NAME)?),
-                ino: r.u64()?,
+                ino: Ino::new(r.u64()?),
                 time: r.u64()? as i64,
             },
             op::SETATTR => Record::SetAttr {
-                ino: r.u64()?,
+                ino: Ino::new(r.u64()?),
                 attrs: SetAttrs::decode(&mut r)?,
                 time: r.u64()? as i64,
             },
             op::WRITE => Record::Write {
-                ino: r.u64()?,
+                ino: Ino::new(r.u64()?),
                 first: r.u64()?,
                 size: r.u64()?,
                 time: r.u64()? as i64,
                 extents: Extents::decode(&mut r)?,
             },
             op::TRUNCATE => Record::Truncate {
-                ino: r.u64()?,
+                ino: Ino::new(r.u64()?),
                 size: r.u64()?,
                 time: r.u64()? as i64,
             },
@@ -356,12 +357,16 @@ mod tests {
         proptest::collection::vec(any::<u8>(), 0..=255).prop_map(Cow::Owned)
     }
 
+    fn ino() -> impl Strategy<Value = Ino> {
+        any::<u64>().prop_map(Ino::new)
+    }
+
     fn record() -> impl Strategy<Value = Record<'static>> {
         prop_oneof![
             (
-                any::<u64>(),
+                ino(),
                 name(),
-                any::<u64>(),
+                ino(),
                 any::<u32>(),
                 any::<u32>(),
                 any::<u32>(),
@@ -380,31 +385,24 @@ mod tests {
                         target,
                     }
                 }),
-            (any::<u64>(), name(), any::<u64>(), any::<i64>()).prop_map(
-                |(parent, name, ino, time)| Record::Link {
+            (ino(), name(), ino(), any::<i64>()).prop_map(|(parent, name, ino, time)| {
+                Record::Link {
                     parent,
                     name,
                     ino,
-                    time
+                    time,
                 }
-            ),
-            (any::<u64>(), name(), any::<u64>(), any::<i64>()).prop_map(
-                |(parent, name, ino, time)| Record::Unlink {
+            }),
+            (ino(), name(), ino(), any::<i64>()).prop_map(|(parent, name, ino, time)| {
+                Record::Unlink {
                     parent,
                     name,
                     ino,
-                    time
+                    time,
                 }
-            ),
-            (
-                any::<u64>(),
-                name(),
-                any::<u64>(),
-                name(),
-                any::<u64>(),
-                any::<i64>()
-            )
-                .prop_map(|(src_parent, src_name, dst_parent, dst_name, ino, time)| {
+            }),
+            (ino(), name(), ino(), name(), ino(), any::<i64>()).prop_map(
+                |(src_parent, src_name, dst_parent, dst_name, ino, time)| {
                     Record::Rename {
                         src_parent,
                         src_name,
@@ -413,9 +411,10 @@ mod tests {
                         ino,
                         time,
                     }
-                }),
+                }
+            ),
             (
-                any::<u64>(),
+                ino(),
                 any::<Option<u32>>(),
                 any::<Option<u32>>(),
                 any::<Option<i64>>(),
@@ -433,7 +432,7 @@ mod tests {
                     time
                 }),
             (
-                any::<u64>(),
+                ino(),
                 any::<u64>(),
                 proptest::collection::vec((0u64..1 << 40, 1u32..300), 0..=8),
                 any::<u64>(),
@@ -452,16 +451,19 @@ mod tests {
                         time,
                     }
                 }),
-            (any::<u64>(), any::<u64>(), any::<i64>())
-                .prop_map(|(ino, size, time)| Record::Truncate { ino, size, time }),
+            (ino(), any::<u64>(), any::<i64>()).prop_map(|(ino, size, time)| Record::Truncate {
+                ino,
+                size,
+                time
+            }),
         ]
     }
 
     fn create(name: &[u8], target: &[u8]) -> Record<'static> {
         Record::Create {
-            parent: 1,
+            parent: Ino::new(1),
             name: Cow::Owned(name.to_vec()),
-            ino: 2,
+            ino: Ino::new(2),
             mode: libc::S_IFREG | 0o644,
             uid: 0,
             gid: 0,
@@ -481,9 +483,9 @@ mod tests {
         // one-page write: 64 bytes each, and one byte more is a second line.
         assert_eq!(line(create(b"123456789", b"")), 64);
         let unlink = |name: &[u8]| Record::Unlink {
-            parent: 1,
+            parent: Ino::new(1),
             name: Cow::Owned(name.to_vec()),
-            ino: 2,
+            ino: Ino::new(2),
             time: 3,
         };
         assert_eq!(line(unlink(&[b'u'; 23])), 64);
@@ -491,7 +493,7 @@ mod tests {
         let mut one = Extents::new();
         one.push(1 << 40, 1);
         let write = Record::Write {
-            ino: 2,
+            ino: Ino::new(2),
             first: 7,
             extents: one,
             size: 8 * 4096,

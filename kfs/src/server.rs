@@ -988,14 +988,14 @@ mod tests {
     /// anything.
     #[test]
     fn an_idle_kfs_finishes_a_doubling_under_way() {
-        use kucofs_common::index::layout::{B_BITS, I_BUCKETS};
+        use kucofs_common::index::BucketTable;
         let (_dir, _kfs, direct, caller) = direct_client();
         // The root's published table: log2 of its buckets.
         let bits = || {
             let guard = direct.volume.lock();
             let ns = guard.as_ref().unwrap().namespace();
-            let table = ns.arena().get(ns.reader().root() + I_BUCKETS);
-            ns.arena().get(table + B_BITS)
+            let table = BucketTable::new(ns.arena().get(ns.reader().root().buckets()));
+            ns.arena().get(table.bits())
         };
         for i in 0..300 {
             let name = format!("f{i}");

@@ -25,9 +25,10 @@ use kucofs_common::format::meta::{
     BATCH_WRITE_HEAD, CELL, INLINE_TARGET, INODES_PER_PAGE, INODE_RECORD, MAX_CELLS,
     OWNER_FILE_PAGE_MAX, OWNER_INO_MAX,
 };
+use kucofs_common::format::PageNo;
 use kucofs_common::format::{Area, Geometry, OWNERS_PER_PAGE, OWNER_SIZE, PAGE_SIZE};
-use kucofs_common::index::layout::{D_DIR, D_INO, D_SHAPE, D_SLOT, TAG_DIRENT};
-use kucofs_common::index::{Kind, NAME_MAX};
+use kucofs_common::index::layout::TAG_DIRENT;
+use kucofs_common::index::{DirentOff, Ino, InodeOff, Kind, NAME_MAX};
 use kucofs_common::Errno;
 
 use crate::intmap::IntMap;
@@ -76,7 +77,7 @@ const WRITE: u64 = BATCH_WRITE_HEAD as u64;
 pub const RETIRE_WRITES: u64 = 4096;
 
 /// Where a directory entry's record lies: its page and slot, as the
-/// index's entries carry it ([`D_SLOT`]).
+/// index's entries carry it ([`DirentOff::slot`]).
 fn slot_id(page: u64, slot: u64) -> u64 {
     page << 8 | slot
 }
@@ -212,7 +213,7 @@ pub struct Store {
     entry_idx: Vec<u32>,
     /// Index entries made since the last retirement (offsets; some may be
     /// removed since, or reused).
-    new_entries: Vec<u64>,
+    new_entries: Vec<DirentOff>,
     /// Slots of entries removed since the last retirement.
     freed_slots: Vec<u64>,
     /// Symlinks whose target has a page: ino -> page (0: promised).
@@ -374,9 +375,9 @@ impl Store {
     /// `ENOSPC` unless the stock holds the pages a create of inode `ino`
     /// named by `name_len` bytes, with a symlink target of `target_len`
     /// bytes, needs.
-    pub fn check_create(&self, ino: u64, name_len: usize, target_len: usize) -> Result<(), Errno> {
+    pub fn check_create(&self, ino: Ino, name_len: usize, target_len: usize) -> Result<(), Errno> {
         let target = u64::from(self.enabled && target_len > INLINE_TARGET);
-        self.check(self.inode_needs(ino) + self.entry_needs(name_len) + target)
+        self.check(self.inode_needs(ino.get()) + self.entry_needs(name_len) + target)
     }
 
     /// `ENOSPC` unless the stock holds what a new entry named by
@@ -413,7 +414,8 @@ impl Store {
     /// Inode `ino`'s attributes changed (or it was made or dropped): its
     /// record, written or cleared.
     #[inline]
-    pub fn inode_changed(&mut self, ino: u64) {
+    pub fn inode_changed(&mut self, ino: Ino) {
+        let ino = ino.get();
         if self.enabled && !self.loading && set_bit(&mut self.dirty_ino_bits, ino) {
             self.dirty_inos.push(ino);
             self.charge(INODE_RECORD as u64 + WRITE, 1);
@@ -421,10 +423,11 @@ impl Store {
     }
 
     /// Inode `ino` was made, with a symlink target of `target_len` bytes.
-    pub fn inode_made(&mut self, ino: u64, target_len: usize) {
+    pub fn inode_made(&mut self, ino: Ino, target_len: usize) {
         if !self.enabled {
             return;
         }
+        let ino = ino.get();
         let k = (ino / INODES_PER_PAGE) as usize;
         if k >= self.itable.len() {
             self.itable.resize(k + 1, 0);
@@ -448,14 +451,15 @@ impl Store {
             self.promise(1);
             self.charge(target_len as u64 + WRITE, 1);
         }
-        self.inode_changed(ino);
+        self.inode_changed(Ino::new(ino));
     }
 
     /// Inode `ino` was dropped.
-    pub fn inode_dropped(&mut self, ino: u64) {
+    pub fn inode_dropped(&mut self, ino: Ino) {
         if !self.enabled {
             return;
         }
+        let ino = ino.get();
         let k = (ino / INODES_PER_PAGE) as usize;
         if k < self.ilive.len() {
             self.inode_slots -= self.slots_of(k);
@@ -468,12 +472,12 @@ impl Store {
             Some(p) => self.release(p),
             None => {}
         }
-        self.inode_changed(ino);
+        self.inode_changed(Ino::new(ino));
     }
 
     /// An index entry was made at `node` with a name of `name_len` bytes.
     #[inline]
-    pub fn entry_made(&mut self, node: u64, name_len: usize) {
+    pub fn entry_made(&mut self, node: DirentOff, name_len: usize) {
         if !self.enabled || self.loading {
             return;
         }
@@ -506,8 +510,9 @@ impl Store {
 
     /// Data page `p` now holds page `file_page` of file `ino`.
     #[inline]
-    pub fn page_owned(&mut self, p: u64, ino: u64, file_page: u64) {
+    pub fn page_owned(&mut self, p: PageNo, ino: Ino, file_page: u64) {
         if self.enabled {
+            let ino = ino.get();
             debug_assert!(ino <= OWNER_INO_MAX && file_page <= OWNER_FILE_PAGE_MAX);
             let o = Owner::File {
                 ino,
@@ -515,15 +520,15 @@ impl Store {
             }
             .encode()
             .unwrap_or(0);
-            self.set_owner(p, o);
+            self.set_owner(p.get(), o);
         }
     }
 
     /// Data page `p` no longer holds file data.
     #[inline]
-    pub fn page_freed(&mut self, p: u64) {
+    pub fn page_freed(&mut self, p: PageNo) {
         if self.enabled {
-            self.set_owner(p, 0);
+            self.set_owner(p.get(), 0);
         }
     }
 
@@ -621,11 +626,11 @@ impl Store {
 
 /// The record of inode `inode` (at that index offset) as the index holds
 /// it, its target in a page of its own being at `target_page`.
-fn inode_record(ns: &Namespace, inode: u64, target_page: u64) -> Option<InodeRecord> {
+fn inode_record(ns: &Namespace, inode: InodeOff, target_page: u64) -> Option<InodeRecord> {
     let r = ns.reader();
     let a = r.attr(inode)?;
     let mut rec = InodeRecord {
-        ino: a.ino,
+        ino: a.ino.get(),
         mode: a.mode,
         nlink: a.nlink,
         uid: a.uid,
@@ -681,16 +686,16 @@ pub fn retire(
     // The entries to write: made since, still in the index, with no slot.
     // An item removed and reused for a newer entry since is listed twice
     // and written once.
-    let fresh: Vec<(u64, usize)> = {
+    let fresh: Vec<(DirentOff, usize)> = {
         let r = ns.reader();
         let mut nodes = ns.store().new_entries.clone();
         nodes.sort_unstable();
         nodes.dedup();
         nodes
             .into_iter()
-            .filter(|&node| r.is_live(node, TAG_DIRENT, None) && ns.shm_u64(node + D_SLOT) == 0)
+            .filter(|&node| r.is_live(node.get(), TAG_DIRENT, None) && ns.shm_u64(node.slot()) == 0)
             .map(|node| {
-                let len = (ns.shm_u64(node + D_SHAPE) & 0xffff) as usize;
+                let len = (ns.shm_u64(node.shape()) & 0xffff) as usize;
                 (node, usize::from(cells_for(len.clamp(1, NAME_MAX))) - 1)
             })
             .collect()
@@ -716,7 +721,7 @@ pub fn retire(
             .filter(|&&ino| {
                 let k = (ino / INODES_PER_PAGE) as usize;
                 matches!(st.itable.get(k), Some(&0) | Some(&PENDING) | None)
-                    && r.inode_by_ino(ino) != 0
+                    && !r.inode_by_ino(Ino::new(ino)).is_null()
             })
             .map(|&ino| ino / INODES_PER_PAGE)
             .collect::<std::collections::BTreeSet<u64>>()
@@ -774,9 +779,9 @@ pub fn retire(
         };
         let r = ns.reader();
         let len = r.name_into(node, &mut name);
-        let parent = r.ino(ns.shm_u64(node + D_DIR));
-        let ino = ns.shm_u64(node + D_INO);
-        let kind = (ns.shm_u64(node + D_SHAPE) >> 24) as u8;
+        let parent = r.ino(InodeOff::new(ns.shm_u64(node.dir()))).get();
+        let ino = ns.shm_u64(node.ino());
+        let kind = (ns.shm_u64(node.shape()) >> 24) as u8;
         let cells = st.classes[ci].cells;
         let at = page * PAGE_SIZE + slot * (CELL as u64) * u64::from(cells);
         encode_entry(
@@ -805,8 +810,8 @@ pub fn retire(
             st.itable.resize(k + 1, 0);
             st.ilive.resize(k + 1, 0);
         }
-        let inode = ns.reader().inode_by_ino(ino);
-        if inode == 0 {
+        let inode = ns.reader().inode_by_ino(Ino::new(ino));
+        if inode.is_null() {
             // Gone. Its page goes too once the last inode in it has.
             match st.itable[k] {
                 PENDING | 0 if st.ilive[k] == 0 => {

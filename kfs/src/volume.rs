@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use kucofs_common::format::meta::BatchWriter;
 use kucofs_common::format::PAGE_SIZE;
+use kucofs_common::index::Ino;
 use kucofs_common::pm::{Hardware, Persist, Protection, Protector};
 use kucofs_common::proto::{Creds, Node, Reply, Request};
 use kucofs_common::Errno;
@@ -353,7 +354,7 @@ pub(crate) struct ClientData {
     view: Option<View>,
     protection: Protection,
     /// Open files: ino -> (opens, write opens).
-    opens: IntMap<u64, (u32, u32)>,
+    opens: IntMap<Ino, (u32, u32)>,
     /// Committed pages still writable, per slot (batched protection).
     pending: IntMap<u32, Pending>,
 }
@@ -363,7 +364,7 @@ pub(crate) struct ClientData {
 pub(crate) struct DataState {
     /// Write leases: file -> the one client that may commit to it (while
     /// it has the file open for writing).
-    leases: IntMap<u64, u32>,
+    leases: IntMap<Ino, u32>,
     clients: IntMap<u32, ClientData>,
 }
 
@@ -452,7 +453,7 @@ impl Volume {
     fn retire_replaced(&mut self) {
         let epoch = self.ns.epoch();
         let pages = &mut self.pages;
-        self.ns.drain_replaced(|p| pages.retire(p, epoch));
+        self.ns.drain_replaced(|p| pages.retire(p.get(), epoch));
     }
 }
 

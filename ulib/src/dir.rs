@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kucofs_common::index::layout::TAG_INODE;
-use kucofs_common::index::DirEntryInfo;
+use kucofs_common::index::{DirEntryInfo, InodeOff};
 
 use crate::fs::Inner;
 use crate::metadata::{FileType, Metadata};
@@ -45,7 +45,7 @@ impl Iterator for ReadDir {
                     return false;
                 }
                 r.read_dir(
-                    dir,
+                    InodeOff::new(dir),
                     after.as_ref().map(|(h, n)| (*h, n.as_slice())),
                     BATCH,
                     &mut batch,
@@ -94,7 +94,7 @@ impl DirEntry {
     }
     /// Inode number.
     pub fn ino(&self) -> u64 {
-        self.info.ino
+        self.info.ino.get()
     }
     /// The readdir cookie after this entry (its key hash).
     pub fn cookie(&self) -> u64 {

@@ -20,8 +20,7 @@ use kucofs_common::index::blockmap::{
     entries_unchanged, entry_page, load_entries, runs_are_whole, EntrySource, MapReader, FANOUT,
     MAX_FILE_SIZE, N_SLOTS, PAGE,
 };
-use kucofs_common::index::layout::I_SIZE;
-use kucofs_common::index::Kind;
+use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::{PoolWriter, Words};
 use kucofs_common::proto::{open, Extents, Request, COMMIT_PAGES_MAX};
 use kucofs_common::Errno;
@@ -169,8 +168,8 @@ impl OpenOptions {
 #[derive(Debug)]
 pub struct File {
     fs: Arc<Inner>,
-    ino: u64,
-    inode: u64,
+    ino: Ino,
+    inode: InodeOff,
     kind: Kind,
     read: bool,
     write: bool,
@@ -279,7 +278,7 @@ impl File {
 
     /// The file's inode number.
     pub fn ino(&self) -> u64 {
-        self.ino
+        self.ino.get()
     }
 
     /// The file's size. No reader epoch: Kfs keeps an open regular file's
@@ -292,7 +291,7 @@ impl File {
         // the entries under it.
         self.fs
             .index()
-            .load_u64(self.inode + I_SIZE, Ordering::Acquire)
+            .load_u64(self.inode.size(), Ordering::Acquire)
     }
 
     /// The file's metadata.
@@ -333,7 +332,7 @@ impl File {
                 // One chunk: the pages of up to READ_CHUNK, copied from one
                 // state of the map.
                 let copied = loop {
-                    let size = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
+                    let size = mem.load_u64(self.inode.size(), Ordering::Acquire);
                     if at >= size {
                         break 0;
                     }
@@ -357,7 +356,7 @@ impl File {
                     let snap = &mut entries[..n as usize];
                     load_entries(&map, first, snap);
                     if snap[0] != 0 {
-                        let next = Layout::after(layout, first, entry_page(snap[0]));
+                        let next = Layout::after(layout, first, entry_page(snap[0]).get());
                         // Stored only when it changes: a contiguous file's
                         // reads leave the line shared.
                         if next != layout {
@@ -375,7 +374,7 @@ impl File {
                     // zeroing a page's tail in place, then a grow) must
                     // not pass. A wrong guess costs one copy.
                     if let Some(g) = guess {
-                        let again = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
+                        let again = mem.load_u64(self.inode.size(), Ordering::Acquire);
                         let out = &mut buf[done..done + (end - at) as usize];
                         if region.read(g + at % PAGE, out).is_ok()
                             && again == size
@@ -394,7 +393,7 @@ impl File {
                     // here means no zeroing of these pages can overlap the
                     // copy unless the check of the entries below fails.
                     if !runs_are_whole(snap)
-                        || mem.load_u64(self.inode + I_SIZE, Ordering::Acquire) != size
+                        || mem.load_u64(self.inode.size(), Ordering::Acquire) != size
                     {
                         std::hint::spin_loop();
                         continue;
@@ -584,13 +583,13 @@ impl File {
         fp: u64,
         page: &mut [u8; PAGE as usize],
     ) -> io::Result<()> {
-        let size = mem.load_u64(self.inode + I_SIZE, Ordering::Acquire);
+        let size = mem.load_u64(self.inode.size(), Ordering::Acquire);
         let old = size.saturating_sub(fp * PAGE).min(PAGE) as usize;
         let e = MapReader::of_inode(mem, self.inode).entry(fp);
         if old > 0 && e != 0 {
             self.fs
                 .region
-                .read(entry_page(e) * PAGE, &mut page[..old])
+                .read(entry_page(e).get() * PAGE, &mut page[..old])
                 .map_err(common_err)?;
         } else {
             page[..old].fill(0);
@@ -623,7 +622,7 @@ impl File {
     fn page_address(&self, base: usize, offset: u64) -> io::Result<Option<usize>> {
         self.fs.with_index(|r| {
             let e = MapReader::of_inode(r.mem(), self.inode).entry(offset / PAGE);
-            (e != 0).then(|| base + (entry_page(e) * PAGE) as usize)
+            (e != 0).then(|| base + (entry_page(e).get() * PAGE) as usize)
         })
     }
 
@@ -697,7 +696,7 @@ fn names_run(entries: &[u64], page: u64) -> bool {
     entries
         .iter()
         .zip(page..)
-        .all(|(&e, p)| e != 0 && entry_page(e) == p)
+        .all(|(&e, p)| e != 0 && entry_page(e).get() == p)
 }
 
 /// Copies file bytes `[at, at + out.len())`, whose pages from `first` have
@@ -722,7 +721,10 @@ fn copy_pages(
         let dst = &mut out[(s - at) as usize..(t - at) as usize];
         if e == 0 {
             dst.fill(0);
-        } else if region.read(entry_page(e) * PAGE + s % PAGE, dst).is_err() {
+        } else if region
+            .read(entry_page(e).get() * PAGE + s % PAGE, dst)
+            .is_err()
+        {
             whole = false;
         }
     }
@@ -833,7 +835,7 @@ mod tests {
     /// The region page holding file page `page` of `f`.
     #[cfg(feature = "embedded")]
     fn page_of(f: &File, page: u64) -> u64 {
-        f.fs.with_index(|r| entry_page(MapReader::of_inode(r.mem(), f.inode).entry(page)))
+        f.fs.with_index(|r| entry_page(MapReader::of_inode(r.mem(), f.inode).entry(page)).get())
             .unwrap()
     }
 

@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kucofs_common::channel::SLOTS;
 use kucofs_common::format::Geometry;
 use kucofs_common::index::layout::header_gen;
-use kucofs_common::index::{IndexReader, Kind, NAME_MAX};
+use kucofs_common::index::{IndexReader, Ino, Kind, NAME_MAX};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
 use kucofs_common::proto::{Extents, Hint, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
@@ -77,7 +77,7 @@ fn process_umask() -> u32 {
 }
 
 pub(crate) fn err(e: Errno) -> io::Error {
-    io::Error::from_raw_os_error(e.0)
+    io::Error::from_raw_os_error(e.get())
 }
 
 pub(crate) fn common_err(e: kucofs_common::Error) -> io::Error {
@@ -107,7 +107,7 @@ pub(crate) struct Inner {
     /// from the last.
     pools: Vec<Mutex<Vec<(u64, u64)>>>,
     /// Range locks of the files open in this process.
-    range_locks: Mutex<std::collections::HashMap<u64, Weak<crate::range_lock::RangeLock>>>,
+    range_locks: Mutex<std::collections::HashMap<Ino, Weak<crate::range_lock::RangeLock>>>,
     free_slots: Mutex<Vec<usize>>,
     /// How requests reach Kfs.
     conn: Connection,
@@ -323,7 +323,7 @@ impl Inner {
     }
 
     /// The range lock of file `ino`, shared by every open of it here.
-    pub(crate) fn range_lock(&self, ino: u64) -> Arc<crate::range_lock::RangeLock> {
+    pub(crate) fn range_lock(&self, ino: Ino) -> Arc<crate::range_lock::RangeLock> {
         let mut locks = self.range_locks.lock();
         if let Some(l) = locks.get(&ino).and_then(Weak::upgrade) {
             return l;
@@ -789,7 +789,7 @@ impl Fs {
                 if r.kind(d) != Some(Kind::Dir) {
                     return Err(Errno::ENOTDIR);
                 }
-                Ok((d, header_gen(r.header(d))))
+                Ok((d.get(), header_gen(r.header(d.get()))))
             })?
             .map_err(err)?;
         Ok(ReadDir {

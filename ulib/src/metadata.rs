@@ -115,7 +115,7 @@ impl Metadata {
     }
     /// Inode number.
     pub fn ino(&self) -> u64 {
-        self.0.ino
+        self.0.ino.get()
     }
     /// Type and permission bits, as `st_mode`.
     pub fn mode(&self) -> u32 {

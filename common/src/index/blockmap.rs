@@ -7,7 +7,7 @@
 //! inode's map word packs the root's offset with the tree's height.
 //!
 //! ```text
-//! map word (inode field I_DATA):  root offset | small (bit 3) | height (bits 0..3)
+//! map word (inode field data, InodeOff::map):  root offset | small (bit 3) | height (bits 0..3)
 //! node item: header u64, then entries (leaf) or child offsets (inner)
 //! leaf entry:  page (bits 0..40) | version (bits 40..62) | start (62) | end (63)
 //! ```
@@ -37,7 +37,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::layout::I_DATA;
+use super::layout::InodeOff;
+use crate::format::PageNo;
 use crate::pm::Words;
 
 /// Bytes of a data page.
@@ -52,6 +53,14 @@ pub const SMALL_FANOUT: u64 = 7;
 pub const SMALL_SIZE: u64 = 8 + 8 * SMALL_FANOUT;
 /// First entry of a node.
 pub const N_SLOTS: u64 = 8;
+
+/// Entry (or child) `i` of the node at `node`. Wrapping: a damaged word
+/// must give a refused offset, not a panic (loads outside the index read
+/// as holes).
+#[inline(always)]
+pub const fn node_slot(node: u64, i: u64) -> u64 {
+    node.wrapping_add(N_SLOTS + 8 * i)
+}
 /// Tallest tree: [`FANOUT`]^(MAX_HEIGHT+1) pages.
 pub const MAX_HEIGHT: u32 = 5;
 /// Largest file: 16 TiB.
@@ -77,13 +86,14 @@ pub const E_END: u64 = 1 << 63;
 /// Versions are taken modulo this (and never 0, the holes' version).
 pub const VERSION_MOD: u64 = 1 << VERSION_BITS;
 
-/// An entry for `page` committed in `version`.
-pub const fn entry(page: u64, version: u64) -> u64 {
-    page & E_PAGE | (version % VERSION_MOD) << PAGE_BITS
+/// An entry for data page `page` committed in `version`.
+pub const fn entry(page: PageNo, version: u64) -> u64 {
+    page.get() & E_PAGE | (version % VERSION_MOD) << PAGE_BITS
 }
-/// The data page of an entry (0: a hole).
-pub const fn entry_page(e: u64) -> u64 {
-    e & E_PAGE
+/// The data page of an entry ([`PageNo::NONE`]: a hole).
+#[inline]
+pub const fn entry_page(e: u64) -> PageNo {
+    PageNo::new(e & E_PAGE)
 }
 /// The version of an entry (0: a hole).
 pub const fn entry_version(e: u64) -> u64 {
@@ -170,10 +180,10 @@ pub struct MapReader<'a, W: Words + ?Sized> {
 
 impl<'a, W: Words + ?Sized> MapReader<'a, W> {
     /// The map of the inode at `inode`, as its map word names it now.
-    pub fn of_inode(mem: &'a W, inode: u64) -> Self {
+    pub fn of_inode(mem: &'a W, inode: InodeOff) -> Self {
         // Acquire: pairs with Kfs's Release store of a new root, which it
         // makes after filling the root in.
-        let word = mem.load_u64(inode.wrapping_add(I_DATA), Ordering::Acquire);
+        let word = mem.load_u64(inode.map(), Ordering::Acquire);
         MapReader { mem, word }
     }
 
@@ -187,11 +197,9 @@ impl<'a, W: Words + ?Sized> MapReader<'a, W> {
     /// root leaf, Kfs copies that leaf into a full one and makes later
     /// changes there, so the old leaf's entries stay as they were and
     /// checking them again alone would miss those changes.
-    pub fn is_current(&self, inode: u64) -> bool {
+    pub fn is_current(&self, inode: InodeOff) -> bool {
         // Acquire: as in `of_inode`.
-        self.mem
-            .load_u64(inode.wrapping_add(I_DATA), Ordering::Acquire)
-            == self.word
+        self.mem.load_u64(inode.map(), Ordering::Acquire) == self.word
     }
 }
 
@@ -205,24 +213,23 @@ impl<W: Words + ?Sized> MapReader<'_, W> {
         }
         let mut node = w & MAP_ROOT;
         if w & MAP_SMALL != 0 {
-            return Some(node.wrapping_add(N_SLOTS + 8 * page));
+            return Some(node_slot(node, page));
         }
         let mut level = (w & MAP_HEIGHT) as u32;
         while level > 0 {
             // Acquire: pairs with Kfs's Release store of a child link, made
             // after the child was zeroed.
-            // Wrapping: a damaged word must give a refused offset, not a
-            // panic (loads outside the index read as holes).
-            node = self.mem.load_u64(
-                node.wrapping_add(N_SLOTS + 8 * digit(page, level)),
-                Ordering::Acquire,
-            );
+            // Wrapping (`node_slot`): a damaged word must give a refused
+            // offset, not a panic (loads outside the index read as holes).
+            node = self
+                .mem
+                .load_u64(node_slot(node, digit(page, level)), Ordering::Acquire);
             if node == 0 {
                 return None;
             }
             level -= 1;
         }
-        Some(node.wrapping_add(N_SLOTS + 8 * digit(page, 0)))
+        Some(node_slot(node, digit(page, 0)))
     }
 }
 
@@ -281,8 +288,8 @@ pub fn next_version(src: &impl EntrySource, last: u64, first: u64, n: u64) -> u6
     }
 }
 
-/// Publishes a commit: pages `first..` now live in `pages` (data pages,
-/// never 0) with `version` (from [`next_version`]). Closes the
+/// Publishes a commit: pages `first..` now live in `pages` (data page
+/// numbers as requests carry them, never 0) with `version` (from [`next_version`]). Closes the
 /// neighbouring runs first, then stores the new entries in increasing page
 /// order, so that a reader running alongside sees either the whole commit
 /// or a state [`runs_are_whole`] refuses. Appends the entries replaced to
@@ -309,7 +316,7 @@ pub fn publish(
         store.set_entry(first + n, right | E_START);
     }
     for (i, &p) in pages.iter().enumerate() {
-        let mut e = entry(p, version);
+        let mut e = entry(PageNo::new(p), version);
         if i == 0 {
             e |= E_START;
         }
@@ -387,7 +394,7 @@ mod tests {
             // one, or refuses it.
             for s in &all {
                 let window = &s[first.saturating_sub(1) as usize..(first + n + 1) as usize];
-                let new: Vec<u64> = s.iter().map(|e| entry_page(*e)).collect();
+                let new: Vec<PageNo> = s.iter().map(|e| entry_page(*e)).collect();
                 let whole = runs_are_whole(window);
                 let is_old = new.iter().zip(before).all(|(a, b)| *a == entry_page(*b));
                 let is_new = new.iter().zip(after).all(|(a, b)| *a == entry_page(*b));
@@ -402,9 +409,9 @@ mod tests {
     #[test]
     fn versions_skip_what_they_replace_or_border() {
         let mut m = Model::default();
-        m.set_entry(0, entry(7, 1) | E_START | E_END);
-        m.set_entry(1, entry(8, 2) | E_START | E_END);
-        m.set_entry(2, entry(9, 3) | E_START | E_END);
+        m.set_entry(0, entry(PageNo::new(7), 1) | E_START | E_END);
+        m.set_entry(1, entry(PageNo::new(8), 2) | E_START | E_END);
+        m.set_entry(2, entry(PageNo::new(9), 3) | E_START | E_END);
         assert_eq!(next_version(&m, 0, 1, 1), 4);
         assert_eq!(next_version(&m, VERSION_MOD - 1, 5, 1), 1);
     }

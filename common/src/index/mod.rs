@@ -22,6 +22,44 @@ mod read;
 pub use namei::{split_path, Last, Parent, MAX_SYMLINKS};
 pub use read::{DirEntryInfo, IndexReader, InodeAttr, Kind, Search, Timespec};
 
+pub use layout::{BucketTable, DirentOff, InodeOff, SymlinkOff};
+
+/// An inode number: what the log, the metadata store and the inode table
+/// name an inode by (its offset in the index, [`InodeOff`], changes from
+/// one run to the next; its number does not).
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub struct Ino(u64);
+
+impl Ino {
+    /// The root directory's number.
+    pub const ROOT: Ino = Ino(1);
+
+    /// Inode number `n`.
+    #[inline(always)]
+    pub const fn new(n: u64) -> Ino {
+        Ino(n)
+    }
+
+    /// The number.
+    #[inline(always)]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for Ino {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ino {}", self.0)
+    }
+}
+
+impl std::fmt::Display for Ino {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// Longest name of a directory entry, in bytes.
 pub const NAME_MAX: usize = 255;
 /// Longest path, in bytes, including the terminating NUL a C caller would add.

@@ -4,6 +4,7 @@
 //! demands a directory. Paths are taken relative to the file system's root
 //! whether or not they start with `/`.
 
+use super::layout::InodeOff;
 use super::read::{IndexReader, Kind};
 use super::{NAME_MAX, PATH_MAX};
 use crate::pm::Words;
@@ -29,7 +30,7 @@ pub enum Last<'p> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parent<'p> {
     /// The parent directory's inode.
-    pub dir: u64,
+    pub dir: InodeOff,
     /// The last component.
     pub last: Last<'p>,
     /// The path ended in `/`: the target must be (or become) a directory.
@@ -62,7 +63,7 @@ fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
 impl<W: Words + ?Sized> IndexReader<'_, W> {
     /// Resolves `path` to an inode offset, following a final symlink if
     /// `follow` (a trailing slash always follows it).
-    pub fn resolve(&self, path: &[u8], follow: bool) -> Result<u64, Errno> {
+    pub fn resolve(&self, path: &[u8], follow: bool) -> Result<InodeOff, Errno> {
         if path.is_empty() {
             return Err(Errno::ENOENT);
         }
@@ -117,11 +118,11 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
         let s = self.search(p.dir, super::name_hash(name), name);
         Some(crate::proto::Hint {
             dir: p.dir,
-            dir_gen: header_gen(self.header(p.dir)),
+            dir_gen: header_gen(self.header(p.dir.get())),
             pred: s.pred,
             found: s.found,
-            found_gen: if s.found != 0 {
-                header_gen(self.header(s.found))
+            found_gen: if !s.found.is_null() {
+                header_gen(self.header(s.found.get()))
             } else {
                 0
             },
@@ -131,11 +132,11 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
     /// Walks `path` from directory `start`.
     fn walk(
         &self,
-        start: u64,
+        start: InodeOff,
         path: &[u8],
         follow_last: bool,
         links: &mut usize,
-    ) -> Result<u64, Errno> {
+    ) -> Result<InodeOff, Errno> {
         let mut cur = start;
         let mut comps = components(path).peekable();
         while let Some(c) = comps.next() {
@@ -151,7 +152,7 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
                         return Err(Errno::ENAMETOOLONG);
                     }
                     let dirent = self.lookup(cur, name);
-                    if dirent == 0 {
+                    if dirent.is_null() {
                         return Err(Errno::ENOENT);
                     }
                     let inode = self.dirent_inode(dirent);
@@ -180,7 +181,7 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
                     }
                 }
             };
-            if cur == 0 {
+            if cur.is_null() {
                 return Err(Errno::EIO);
             }
         }

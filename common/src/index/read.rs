@@ -5,7 +5,7 @@ use std::cmp::Ordering as Cmp;
 use std::sync::atomic::{fence, Ordering};
 
 use super::layout::*;
-use super::{name_hash, NAME_MAX};
+use super::{name_hash, Ino, NAME_MAX};
 use crate::pm::Words;
 
 /// What kind of file an inode or entry is.
@@ -57,11 +57,11 @@ pub type Timespec = i64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InodeAttr {
     /// Offset of the inode in the index.
-    pub offset: u64,
+    pub offset: InodeOff,
     /// Generation of the inode item.
     pub gen: u32,
     /// Inode number.
-    pub ino: u64,
+    pub ino: Ino,
     /// Type and permission bits.
     pub mode: u32,
     /// Link count.
@@ -95,15 +95,15 @@ impl InodeAttr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntryInfo {
     /// Offset of the dirent.
-    pub offset: u64,
+    pub offset: DirentOff,
     /// Its key hash (also its readdir cookie).
     pub hash: u64,
     /// The name.
     pub name: Vec<u8>,
     /// Offset of the inode it names.
-    pub inode: u64,
+    pub inode: InodeOff,
     /// Inode number.
-    pub ino: u64,
+    pub ino: Ino,
     /// Kind of the inode.
     pub kind: Kind,
 }
@@ -114,9 +114,9 @@ pub struct DirEntryInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Search {
     /// The node after which the key is, or would be, linked.
-    pub pred: u64,
-    /// The entry with exactly this key, or 0.
-    pub found: u64,
+    pub pred: DirentOff,
+    /// The entry with exactly this key, or null.
+    pub found: DirentOff,
 }
 
 /// Reads an index through any [`Words`] (a client's read-only view, or
@@ -145,8 +145,8 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     }
 
     /// Offset of the root directory's inode.
-    pub fn root(&self) -> u64 {
-        self.mem.load_u64(HDR_ROOT, Ordering::Acquire)
+    pub fn root(&self) -> InodeOff {
+        InodeOff::new(self.mem.load_u64(HDR_ROOT, Ordering::Acquire))
     }
 
     /// Number of live inodes.
@@ -182,106 +182,103 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
 
     /// The inode's type and permission bits. The type bits never change
     /// after creation, so one load suffices for type checks.
-    pub fn mode(&self, inode: u64) -> u32 {
-        self.mem
-            .load_u32(inode.wrapping_add(I_MODE), Ordering::Acquire)
+    pub fn mode(&self, inode: InodeOff) -> u32 {
+        self.mem.load_u32(inode.mode(), Ordering::Acquire)
     }
 
     /// The inode's kind, or `None` if `inode` is not an inode.
-    pub fn kind(&self, inode: u64) -> Option<Kind> {
-        if !self.has_tag(inode, TAG_INODE) {
+    pub fn kind(&self, inode: InodeOff) -> Option<Kind> {
+        if !self.has_tag(inode.get(), TAG_INODE) {
             return None;
         }
         Kind::from_mode(self.mode(inode))
     }
 
     /// The inode's number.
-    pub fn ino(&self, inode: u64) -> u64 {
-        self.mem
-            .load_u64(inode.wrapping_add(I_INO), Ordering::Acquire)
+    pub fn ino(&self, inode: InodeOff) -> Ino {
+        Ino::new(self.mem.load_u64(inode.ino(), Ordering::Acquire))
     }
 
     /// A directory's parent directory (the root is its own parent).
-    pub fn parent(&self, dir: u64) -> u64 {
-        self.mem
-            .load_u64(dir.wrapping_add(I_PARENT), Ordering::Acquire)
+    pub fn parent(&self, dir: InodeOff) -> InodeOff {
+        InodeOff::new(self.mem.load_u64(dir.parent(), Ordering::Acquire))
     }
 
     /// A consistent snapshot of an inode's attributes, or `None` if `off`
     /// is not an inode.
-    pub fn attr(&self, off: u64) -> Option<InodeAttr> {
+    pub fn attr(&self, off: InodeOff) -> Option<InodeAttr> {
         let m = self.mem;
         loop {
-            let h = self.header(off);
-            if header_tag(h) & !TAG_DEAD != TAG_INODE || off < HEADER_SIZE {
+            let h = self.header(off.get());
+            if header_tag(h) & !TAG_DEAD != TAG_INODE || off.get() < HEADER_SIZE {
                 return None;
             }
             // Sequence lock: Kfs makes `seq` odd, fences, writes, then makes
             // it even with Release. This Acquire pairs with that Release.
-            let s1 = m.load_u64(off.wrapping_add(I_SEQ), Ordering::Acquire);
+            let s1 = m.load_u64(off.seq(), Ordering::Acquire);
             if s1 & 1 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let r = |f: u64| m.load_u64(off.wrapping_add(f), Ordering::Relaxed);
+            let r = |at: u64| m.load_u64(at, Ordering::Relaxed);
+            let r32 = |at: u64| m.load_u32(at, Ordering::Relaxed);
             let a = InodeAttr {
                 offset: off,
                 gen: header_gen(h),
-                ino: r(I_INO),
-                mode: m.load_u32(off.wrapping_add(I_MODE), Ordering::Relaxed),
-                nlink: m.load_u32(off.wrapping_add(I_NLINK), Ordering::Relaxed),
-                uid: m.load_u32(off.wrapping_add(I_UID), Ordering::Relaxed),
-                gid: m.load_u32(off.wrapping_add(I_GID), Ordering::Relaxed),
-                size: r(I_SIZE),
-                atime: r(I_ATIME) as i64,
-                mtime: r(I_MTIME) as i64,
-                ctime: r(I_CTIME) as i64,
-                btime: r(I_BTIME) as i64,
-                entries: r(I_ENTRIES),
+                ino: Ino::new(r(off.ino())),
+                mode: r32(off.mode()),
+                nlink: r32(off.nlink()),
+                uid: r32(off.uid()),
+                gid: r32(off.gid()),
+                size: r(off.size()),
+                atime: r(off.atime()) as i64,
+                mtime: r(off.mtime()) as i64,
+                ctime: r(off.ctime()) as i64,
+                btime: r(off.btime()) as i64,
+                entries: r(off.entries()),
             };
             // Orders the field loads above before the re-check of `seq`
             // (pairs with Kfs's Release fence after making `seq` odd).
             fence(Ordering::Acquire);
-            if m.load_u64(off.wrapping_add(I_SEQ), Ordering::Relaxed) == s1 {
+            if m.load_u64(off.seq(), Ordering::Relaxed) == s1 {
                 return Some(a);
             }
         }
     }
 
-    /// The inode with number `ino`, or 0.
-    pub fn inode_by_ino(&self, ino: u64) -> u64 {
+    /// The inode with number `ino`, or null.
+    pub fn inode_by_ino(&self, ino: Ino) -> InodeOff {
+        let ino = ino.get();
         let top = self.mem.load_u64(HDR_ITABLE, Ordering::Acquire);
         let chunk_no = ino / ITABLE_CHUNK_INOS;
         if top == 0 || chunk_no >= ITABLE_TOP_SLOTS {
-            return 0;
+            return InodeOff::NULL;
         }
-        let chunk = self.mem.load_u64(
-            top.wrapping_add(ITABLE_SLOTS_AT + 8 * chunk_no),
-            Ordering::Acquire,
-        );
+        let chunk = self
+            .mem
+            .load_u64(itable_slot(top, chunk_no), Ordering::Acquire);
         if chunk == 0 {
-            return 0;
+            return InodeOff::NULL;
         }
         let slot = ino % ITABLE_CHUNK_INOS;
-        self.mem.load_u64(
-            chunk.wrapping_add(ITABLE_SLOTS_AT + 8 * slot),
-            Ordering::Acquire,
+        InodeOff::new(
+            self.mem
+                .load_u64(itable_slot(chunk, slot), Ordering::Acquire),
         )
     }
 
-    /// The node after `node` in key order (0 at the end).
+    /// The node after `node` in key order (null at the end).
     #[inline]
-    pub fn next(&self, node: u64) -> u64 {
-        self.link(node) & LINK_NODE_MASK
+    pub fn next(&self, node: DirentOff) -> DirentOff {
+        link_node(self.link(node))
     }
 
     /// `node`'s link: the next node's offset and tag (see [`link`]).
     #[inline]
-    pub fn link(&self, node: u64) -> u64 {
+    pub fn link(&self, node: DirentOff) -> u64 {
         // Acquire pairs with Kfs's Release store when it links a node, so
         // the node's fields are visible once its offset is.
-        self.mem
-            .load_u64(node.wrapping_add(D_NEXT), Ordering::Acquire)
+        self.mem.load_u64(node.next(), Ordering::Acquire)
     }
 
     /// How the node a link (non-zero) leads to compares with (`hash`,
@@ -289,27 +286,22 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     #[inline]
     pub fn cmp_link(&self, link: u64, hash: u64, name: &[u8]) -> Cmp {
         match (link >> LINK_NODE_BITS).cmp(&link_tag(hash)) {
-            Cmp::Equal => self.cmp_key(link & LINK_NODE_MASK, hash, name),
+            Cmp::Equal => self.cmp_key(link_node(link), hash, name),
             other => other,
         }
     }
 
     /// True for a sentinel or a list head (an empty-named node).
     #[inline]
-    pub fn is_marker(&self, node: u64) -> bool {
-        self.mem
-            .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed)
-            & 0xffff
-            == 0
+    pub fn is_marker(&self, node: DirentOff) -> bool {
+        self.mem.load_u64(node.shape(), Ordering::Relaxed) & 0xffff == 0
     }
 
     /// Copies a dirent's name into `buf` and returns its length.
-    pub fn name_into(&self, node: u64, buf: &mut [u8; NAME_MAX]) -> usize {
-        let shape = self
-            .mem
-            .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed);
+    pub fn name_into(&self, node: DirentOff, buf: &mut [u8; NAME_MAX]) -> usize {
+        let shape = self.mem.load_u64(node.shape(), Ordering::Relaxed);
         let len = ((shape & 0xffff) as usize).min(NAME_MAX);
-        if !self.mem.read(node.wrapping_add(D_NAME), &mut buf[..len]) {
+        if !self.mem.read(node.name(), &mut buf[..len]) {
             return 0;
         }
         len
@@ -317,10 +309,8 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
 
     /// Compares a dirent's key with (`hash`, `name`).
     #[inline]
-    pub fn cmp_key(&self, node: u64, hash: u64, name: &[u8]) -> Cmp {
-        let h = self
-            .mem
-            .load_u64(node.wrapping_add(D_HASH), Ordering::Relaxed);
+    pub fn cmp_key(&self, node: DirentOff, hash: u64, name: &[u8]) -> Cmp {
+        let h = self.mem.load_u64(node.hash(), Ordering::Relaxed);
         match h.cmp(&hash) {
             Cmp::Equal => self.cmp_name(node, name),
             other => other,
@@ -329,106 +319,100 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
 
     /// Compares a dirent's name with `name` (same hash: almost always the
     /// same name), in place.
-    fn cmp_name(&self, node: u64, name: &[u8]) -> Cmp {
-        let shape = self
-            .mem
-            .load_u64(node.wrapping_add(D_SHAPE), Ordering::Relaxed);
+    fn cmp_name(&self, node: DirentOff, name: &[u8]) -> Cmp {
+        let shape = self.mem.load_u64(node.shape(), Ordering::Relaxed);
         let len = ((shape & 0xffff) as usize).min(NAME_MAX);
         let common = len.min(name.len());
-        match self
-            .mem
-            .cmp_bytes(node.wrapping_add(D_NAME), &name[..common])
-        {
+        match self.mem.cmp_bytes(node.name(), &name[..common]) {
             Some(Cmp::Equal) => len.cmp(&name.len()),
             Some(other) => other,
             None => Cmp::Less,
         }
     }
 
-    /// The head of a directory's list (0 if `dir` is not a directory).
-    pub fn dir_head(&self, dir: u64) -> u64 {
-        self.mem
-            .load_u64(dir.wrapping_add(I_DATA), Ordering::Acquire)
+    /// The head of a directory's list (null if `dir` is not a directory).
+    pub fn dir_head(&self, dir: InodeOff) -> DirentOff {
+        DirentOff::new(self.mem.load_u64(dir.data(), Ordering::Acquire))
     }
 
     /// The sentinel (or head) that starts `hash`'s bucket in `dir`.
     #[inline]
-    pub fn bucket_start(&self, dir: u64, hash: u64) -> u64 {
+    pub fn bucket_start(&self, dir: InodeOff, hash: u64) -> DirentOff {
         // Acquire pairs with Kfs's Release store of a new table: its slots
         // and sentinels are visible once the table is.
-        let table = self
-            .mem
-            .load_u64(dir.wrapping_add(I_BUCKETS), Ordering::Acquire);
-        if table == 0 {
+        let table = BucketTable::new(self.mem.load_u64(dir.buckets(), Ordering::Acquire));
+        if table.is_null() {
             return self.dir_head(dir);
         }
-        let bits = self
-            .mem
-            .load_u64(table.wrapping_add(B_BITS), Ordering::Relaxed) as u32;
+        let bits = self.mem.load_u64(table.bits(), Ordering::Relaxed) as u32;
         if !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits) {
             return self.dir_head(dir);
         }
-        let slot = table.wrapping_add(B_SLOTS + 8 * bucket(hash, bits));
+        let slot = table.slot(bucket(hash, bits));
         match self.mem.load_u64(slot, Ordering::Acquire) {
             0 => self.dir_head(dir),
-            s => s,
+            s => DirentOff::new(s),
         }
     }
 
     /// Searches directory `dir` for the key (`hash`, `name`), from the
     /// sentinel of its bucket.
-    pub fn search(&self, dir: u64, hash: u64, name: &[u8]) -> Search {
+    pub fn search(&self, dir: InodeOff, hash: u64, name: &[u8]) -> Search {
         self.search_from(self.bucket_start(dir, hash), hash, name)
     }
 
     /// Searches for the key walking from `start`, a node below it.
-    pub fn search_from(&self, start: u64, hash: u64, name: &[u8]) -> Search {
+    pub fn search_from(&self, start: DirentOff, hash: u64, name: &[u8]) -> Search {
         let mut x = start;
-        if x == 0 {
-            return Search { pred: 0, found: 0 };
+        if x.is_null() {
+            return Search {
+                pred: DirentOff::NULL,
+                found: DirentOff::NULL,
+            };
         }
         loop {
             let l = self.link(x);
-            let nx = l & LINK_NODE_MASK;
-            if nx == 0 {
-                return Search { pred: x, found: 0 };
+            let nx = link_node(l);
+            if nx.is_null() {
+                return Search {
+                    pred: x,
+                    found: DirentOff::NULL,
+                };
             }
             match self.cmp_link(l, hash, name) {
                 Cmp::Less => x = nx,
                 Cmp::Equal => return Search { pred: x, found: nx },
-                Cmp::Greater => return Search { pred: x, found: 0 },
+                Cmp::Greater => {
+                    return Search {
+                        pred: x,
+                        found: DirentOff::NULL,
+                    }
+                }
             }
         }
     }
 
-    /// Looks `name` up in directory `dir`: the dirent's offset, or 0.
-    pub fn lookup(&self, dir: u64, name: &[u8]) -> u64 {
+    /// Looks `name` up in directory `dir`: the dirent's offset, or null.
+    pub fn lookup(&self, dir: InodeOff, name: &[u8]) -> DirentOff {
         self.search(dir, name_hash(name), name).found
     }
 
     /// The inode a dirent names.
-    pub fn dirent_inode(&self, dirent: u64) -> u64 {
-        self.mem
-            .load_u64(dirent.wrapping_add(D_INODE), Ordering::Acquire)
+    pub fn dirent_inode(&self, dirent: DirentOff) -> InodeOff {
+        InodeOff::new(self.mem.load_u64(dirent.inode(), Ordering::Acquire))
     }
 
     /// Reads one dirent.
-    pub fn dirent(&self, off: u64) -> DirEntryInfo {
+    pub fn dirent(&self, off: DirentOff) -> DirEntryInfo {
         let mut buf = [0u8; NAME_MAX];
         let n = self.name_into(off, &mut buf);
-        let shape = self
-            .mem
-            .load_u64(off.wrapping_add(D_SHAPE), Ordering::Relaxed);
+        let shape = self.mem.load_u64(off.shape(), Ordering::Relaxed);
         DirEntryInfo {
             offset: off,
-            hash: self
-                .mem
-                .load_u64(off.wrapping_add(D_HASH), Ordering::Relaxed),
+            hash: self.mem.load_u64(off.hash(), Ordering::Relaxed),
             name: buf[..n].to_vec(),
             inode: self.dirent_inode(off),
-            ino: self
-                .mem
-                .load_u64(off.wrapping_add(D_INO), Ordering::Relaxed),
+            ino: Ino::new(self.mem.load_u64(off.ino(), Ordering::Relaxed)),
             kind: Kind::from_byte((shape >> 24) as u8).unwrap_or(Kind::File),
         }
     }
@@ -438,7 +422,7 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// directory has no more entries.
     pub fn read_dir(
         &self,
-        dir: u64,
+        dir: InodeOff,
         after: Option<(u64, &[u8])>,
         max: usize,
         out: &mut Vec<DirEntryInfo>,
@@ -447,20 +431,20 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
             None => self.dir_head(dir),
             Some((hash, name)) => {
                 let s = self.search(dir, hash, name);
-                if s.found != 0 {
+                if !s.found.is_null() {
                     s.found
                 } else {
                     s.pred
                 }
             }
         };
-        if x == 0 {
+        if x.is_null() {
             return false;
         }
         let mut taken = 0;
         loop {
             x = self.next(x);
-            if x == 0 {
+            if x.is_null() {
                 return false;
             }
             if self.is_marker(x) {
@@ -486,35 +470,28 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// next bucket's own sentinel, not at the first marker: while the
     /// table doubles, a bucket's chain also holds the new table's sentinel
     /// in its middle.
-    pub fn for_each_entry(&self, dir: u64, mut f: impl FnMut(&[u8], u64)) {
+    pub fn for_each_entry(&self, dir: InodeOff, mut f: impl FnMut(&[u8], Ino)) {
         const CHAINS: usize = 32;
         let mut buf = [0u8; NAME_MAX];
-        let mut visit = |x: u64| {
+        let mut visit = |x: DirentOff| {
             let n = self.name_into(x, &mut buf);
             f(
                 &buf[..n],
-                self.mem.load_u64(x.wrapping_add(D_INO), Ordering::Relaxed),
+                Ino::new(self.mem.load_u64(x.ino(), Ordering::Relaxed)),
             );
         };
-        let table = self
-            .mem
-            .load_u64(dir.wrapping_add(I_BUCKETS), Ordering::Acquire);
-        let bits = self
-            .mem
-            .load_u64(table.wrapping_add(B_BITS), Ordering::Relaxed) as u32;
-        let slot = |b: u64| {
-            self.mem
-                .load_u64(table.wrapping_add(B_SLOTS + 8 * b), Ordering::Acquire)
-        };
+        let table = BucketTable::new(self.mem.load_u64(dir.buckets(), Ordering::Acquire));
+        let bits = self.mem.load_u64(table.bits(), Ordering::Relaxed) as u32;
+        let slot = |b: u64| DirentOff::new(self.mem.load_u64(table.slot(b), Ordering::Acquire));
         let buckets = 1u64 << bits.min(BUCKET_BITS_MAX);
-        let chained = table != 0
+        let chained = !table.is_null()
             && (BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits)
             && slot(0) == self.dir_head(dir)
-            && (0..buckets).all(|b| slot(b) != 0);
+            && (0..buckets).all(|b| !slot(b).is_null());
         if !chained {
             // No table (or one still being built): the list, node by node.
             let mut x = self.next(self.dir_head(dir));
-            while x != 0 {
+            while !x.is_null() {
                 if !self.is_marker(x) {
                     visit(x);
                 }
@@ -526,33 +503,37 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         while first < buckets {
             let n = (CHAINS as u64).min(buckets - first) as usize;
             // Each chain's next node, and where it ends (the next bucket's
-            // sentinel, or 0 for the last bucket); the node is 0 once the
-            // chain reached its end.
-            let mut at = [0u64; CHAINS];
-            let mut end = [0u64; CHAINS];
+            // sentinel, or null for the last bucket); the node is null once
+            // the chain reached its end.
+            let mut at = [DirentOff::NULL; CHAINS];
+            let mut end = [DirentOff::NULL; CHAINS];
             let mut left = 0;
             for (i, (a, e)) in at.iter_mut().zip(&mut end).enumerate().take(n) {
                 let b = first + i as u64;
-                *e = if b + 1 < buckets { slot(b + 1) } else { 0 };
+                *e = if b + 1 < buckets {
+                    slot(b + 1)
+                } else {
+                    DirentOff::NULL
+                };
                 *a = self.next(slot(b));
                 if *a == *e {
-                    *a = 0;
+                    *a = DirentOff::NULL;
                 }
-                self.mem.prefetch(*a);
-                left += usize::from(*a != 0);
+                self.mem.prefetch(a.get());
+                left += usize::from(!a.is_null());
             }
             while left > 0 {
                 for (a, &e) in at.iter_mut().zip(&end).take(n) {
-                    if *a == 0 {
+                    if a.is_null() {
                         continue;
                     }
                     let x = *a;
                     *a = self.next(x);
                     if *a == e {
-                        *a = 0;
+                        *a = DirentOff::NULL;
                         left -= 1;
                     } else {
-                        self.mem.prefetch(*a);
+                        self.mem.prefetch(a.get());
                     }
                     if !self.is_marker(x) {
                         visit(x);
@@ -564,18 +545,16 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     }
 
     /// A symlink's target, or `None` if `inode` is not a symlink.
-    pub fn readlink(&self, inode: u64) -> Option<Vec<u8>> {
+    pub fn readlink(&self, inode: InodeOff) -> Option<Vec<u8>> {
         if self.kind(inode) != Some(Kind::Symlink) {
             return None;
         }
-        let t = self
-            .mem
-            .load_u64(inode.wrapping_add(I_DATA), Ordering::Acquire);
-        if !self.has_tag(t, TAG_SYMLINK) {
+        let t = SymlinkOff::new(self.mem.load_u64(inode.data(), Ordering::Acquire));
+        if !self.has_tag(t.get(), TAG_SYMLINK) {
             return None;
         }
-        let len = self.mem.load_u64(t.wrapping_add(S_LEN), Ordering::Relaxed) as usize;
+        let len = self.mem.load_u64(t.length(), Ordering::Relaxed) as usize;
         let mut v = vec![0u8; len.min(super::PATH_MAX)];
-        self.mem.read(t.wrapping_add(S_BYTES), &mut v).then_some(v)
+        self.mem.read(t.bytes(), &mut v).then_some(v)
     }
 }

@@ -7,7 +7,7 @@
 use std::cmp::Ordering as Cmp;
 
 use kucofs_common::index::layout::*;
-use kucofs_common::index::{check_name, name_hash, Kind};
+use kucofs_common::index::{check_name, name_hash, BucketTable, DirentOff, Ino, InodeOff, Kind};
 use kucofs_common::proto::Hint;
 use kucofs_common::Errno;
 
@@ -16,30 +16,30 @@ use super::Namespace;
 impl Namespace {
     /// Makes the head, the first bucket table and its sentinels of a new
     /// directory, before the directory is reachable.
-    pub(super) fn new_dir_list(&mut self, dir: u64) -> Result<(), Errno> {
+    pub(super) fn new_dir_list(&mut self, dir: InodeOff) -> Result<(), Errno> {
         let a = &mut self.arena;
-        let head = a.alloc(TAG_DIRHEAD, dirent_size(0))?;
-        a.put(head + D_DIR, dir)?;
-        a.put(head + D_INODE, dir)?;
-        a.put(head + D_SHAPE, shape(0, Kind::Dir.to_byte()))?;
+        let head = DirentOff::new(a.alloc(TAG_DIRHEAD, dirent_size(0))?);
+        a.put(head.dir(), dir.get())?;
+        a.put(head.inode(), dir.get())?;
+        a.put(head.shape(), shape(0, Kind::Dir.to_byte()))?;
         let bits = BUCKET_BITS_MIN;
-        let table = a.alloc(TAG_BUCKETS, B_SLOTS + (8 << bits))?;
-        a.put(table + B_BITS, u64::from(bits))?;
-        a.put(table + B_SLOTS, head)?;
+        let table = BucketTable::new(a.alloc(TAG_BUCKETS, BucketTable::size(bits))?);
+        a.put(table.bits(), u64::from(bits))?;
+        a.put(table.slot(0), head.get())?;
         // Sentinels in key order, linked from the last one back, so each is
         // complete before anything points at it.
         let mut next = 0;
         for b in (1..1u64 << bits).rev() {
-            let s = a.alloc(TAG_SENTINEL, dirent_size(0))?;
-            a.put(s + D_HASH, bucket_start(b, bits))?;
-            a.put(s + D_DIR, dir)?;
-            a.put(s + D_NEXT, next)?;
-            a.put(table + B_SLOTS + 8 * b, s)?;
+            let s = DirentOff::new(a.alloc(TAG_SENTINEL, dirent_size(0))?);
+            a.put(s.hash(), bucket_start(b, bits))?;
+            a.put(s.dir(), dir.get())?;
+            a.put(s.next(), next)?;
+            a.put(table.slot(b), s.get())?;
             next = link(s, bucket_start(b, bits));
         }
-        a.put(head + D_NEXT, next)?;
-        a.put(dir + I_DATA, head)?;
-        a.put(dir + I_BUCKETS, table)
+        a.put(head.next(), next)?;
+        a.put(dir.data(), head.get())?;
+        a.put(dir.buckets(), table.get())
     }
 
     /// Starts retiring an empty directory's list: its doubling under way
@@ -48,8 +48,8 @@ impl Namespace {
     /// ([`Namespace::dismantle_step`]): a directory that held millions of
     /// entries has millions of sentinels, too many to retire in one
     /// request.
-    pub(super) fn drop_dir_list(&mut self, dir: u64) -> Result<(), Errno> {
-        if self.arena.get(dir + I_ENTRIES) != 0 {
+    pub(super) fn drop_dir_list(&mut self, dir: InodeOff) -> Result<(), Errno> {
+        if self.arena.get(dir.entries()) != 0 {
             return Err(Errno::ENOTEMPTY);
         }
         self.abandon_doubling(dir)?;
@@ -67,7 +67,7 @@ impl Namespace {
     /// waiting (a hint naming one is refused as another directory's).
     pub fn dismantle_step(&mut self, mut budget: u64) -> Result<bool, Errno> {
         while let Some(&Dismantling { dir, mut next }) = self.dismantling.last() {
-            while next != 0 && budget > 0 {
+            while !next.is_null() && budget > 0 {
                 let r = self.arena.reader();
                 let x = next;
                 if !r.is_marker(x) {
@@ -78,10 +78,10 @@ impl Namespace {
                     return Err(Errno::EIO);
                 }
                 next = r.next(x);
-                self.arena.retire(x)?;
+                self.arena.retire(x.get())?;
                 budget -= 1;
             }
-            if next != 0 {
+            if !next.is_null() {
                 if let Some(d) = self.dismantling.last_mut() {
                     d.next = next;
                 }
@@ -89,10 +89,10 @@ impl Namespace {
             }
             self.dismantling.pop();
             let head = self.arena.reader().dir_head(dir);
-            let table = self.arena.get(dir + I_BUCKETS);
+            let table = self.arena.get(dir.buckets());
             self.arena.retire(table)?;
-            self.arena.retire(head)?;
-            self.arena.retire(dir)?;
+            self.arena.retire(head.get())?;
+            self.arena.retire(dir.get())?;
             if budget == 0 {
                 break;
             }
@@ -103,24 +103,24 @@ impl Namespace {
     /// True if `node` is a live node of `dir`'s list (entry, sentinel or
     /// head). Each check runs only if the ones before it passed, so a forged
     /// offset is never used beyond its header.
-    fn is_node_of(&self, node: u64, dir: u64) -> bool {
+    fn is_node_of(&self, node: DirentOff, dir: InodeOff) -> bool {
         let r = self.arena.reader();
-        (r.is_live(node, TAG_DIRENT, None)
-            || r.is_live(node, TAG_SENTINEL, None)
-            || r.is_live(node, TAG_DIRHEAD, None))
-            && self.arena.get(node + D_DIR) == dir
+        (r.is_live(node.get(), TAG_DIRENT, None)
+            || r.is_live(node.get(), TAG_SENTINEL, None)
+            || r.is_live(node.get(), TAG_DIRHEAD, None))
+            && self.arena.get(node.dir()) == dir.get()
     }
 
     /// Where a new key goes in `dir`: the node to link it after, checked
-    /// from a hint or searched, and the entry already holding the key (0 if
-    /// none).
+    /// from a hint or searched, and the entry already holding the key (null
+    /// if none).
     pub(super) fn insert_point(
         &mut self,
-        dir: u64,
+        dir: InodeOff,
         hash: u64,
         name: &[u8],
         hint: Option<&Hint>,
-    ) -> (u64, u64) {
+    ) -> (DirentOff, DirentOff) {
         if let Some(h) = hint {
             let r = self.arena.reader();
             let ok = h.dir == dir
@@ -130,11 +130,11 @@ impl Namespace {
                     // The link says where its node stands (Kfs wrote it), so
                     // the node itself is read only on a tag collision.
                     let l = r.link(h.pred);
-                    l & LINK_NODE_MASK == 0 || r.cmp_link(l, hash, name) == Cmp::Greater
+                    link_node(l).is_null() || r.cmp_link(l, hash, name) == Cmp::Greater
                 };
             if ok {
                 self.hints.used += 1;
-                return (h.pred, 0);
+                return (h.pred, DirentOff::NULL);
             }
             self.hints.stale += 1;
         } else {
@@ -145,15 +145,20 @@ impl Namespace {
     }
 
     /// The entry named `name` in `dir` and the node before it, checked from
-    /// a hint or searched; a found offset of 0 if there is none.
-    pub(super) fn find_entry(&mut self, dir: u64, name: &[u8], hint: Option<&Hint>) -> (u64, u64) {
+    /// a hint or searched; a null found offset if there is none.
+    pub(super) fn find_entry(
+        &mut self,
+        dir: InodeOff,
+        name: &[u8],
+        hint: Option<&Hint>,
+    ) -> (DirentOff, DirentOff) {
         if let Some(h) = hint {
             let r = self.arena.reader();
             let f = h.found;
             let ok = h.dir == dir
-                && f != 0
-                && r.is_live(f, TAG_DIRENT, Some(h.found_gen))
-                && self.arena.get(f + D_DIR) == dir
+                && !f.is_null()
+                && r.is_live(f.get(), TAG_DIRENT, Some(h.found_gen))
+                && self.arena.get(f.dir()) == dir.get()
                 && r.cmp_key(f, name_hash(name), name) == Cmp::Equal
                 && self.is_node_of(h.pred, dir)
                 && r.next(h.pred) == f;
@@ -173,12 +178,12 @@ impl Namespace {
     /// whose own link is `next`.
     fn new_entry(
         &mut self,
-        dir: u64,
+        dir: InodeOff,
         hash: u64,
         name: &[u8],
-        inode: u64,
+        inode: InodeOff,
         next: u64,
-    ) -> Result<u64, Errno> {
+    ) -> Result<DirentOff, Errno> {
         let r = self.arena.reader();
         let ino = r.ino(inode);
         let kind = r.kind(inode).ok_or(Errno::EIO)?;
@@ -190,50 +195,50 @@ impl Namespace {
     #[allow(clippy::too_many_arguments)]
     fn new_entry_of(
         &mut self,
-        dir: u64,
+        dir: InodeOff,
         hash: u64,
         name: &[u8],
-        inode: u64,
-        ino: u64,
+        inode: InodeOff,
+        ino: Ino,
         kind: Kind,
         next: u64,
-    ) -> Result<u64, Errno> {
+    ) -> Result<DirentOff, Errno> {
         let a = &mut self.arena;
-        let node = a.alloc(TAG_DIRENT, dirent_size(name.len()))?;
-        a.put(node + D_HASH, hash)?;
-        a.put(node + D_INODE, inode)?;
-        a.put(node + D_INO, ino)?;
-        a.put(node + D_DIR, dir)?;
-        a.put(node + D_SHAPE, shape(name.len() as u16, kind.to_byte()))?;
-        a.put_bytes(node + D_NAME, name)?;
-        a.put(node + D_NEXT, next)?;
+        let node = DirentOff::new(a.alloc(TAG_DIRENT, dirent_size(name.len()))?);
+        a.put(node.hash(), hash)?;
+        a.put(node.inode(), inode.get())?;
+        a.put(node.ino(), ino.get())?;
+        a.put(node.dir(), dir.get())?;
+        a.put(node.shape(), shape(name.len() as u16, kind.to_byte()))?;
+        a.put_bytes(node.name(), name)?;
+        a.put(node.next(), next)?;
         self.store.entry_made(node, name.len());
         Ok(node)
     }
 
     /// Notes that entry `node` leaves the index (its store record goes at
     /// the next retirement).
-    fn entry_gone(&mut self, node: u64) {
+    fn entry_gone(&mut self, node: DirentOff) {
         if self.store.enabled() {
-            let len = (self.arena.get(node + D_SHAPE) & 0xffff) as usize;
-            self.store.entry_removed(self.arena.get(node + D_SLOT), len);
+            let len = (self.arena.get(node.shape()) & 0xffff) as usize;
+            self.store.entry_removed(self.arena.get(node.slot()), len);
         }
     }
 
     /// Links a new entry for `inode` into `dir` after `pred`.
     pub(super) fn link_entry(
         &mut self,
-        dir: u64,
+        dir: InodeOff,
         name: &[u8],
-        inode: u64,
-        pred: u64,
-    ) -> Result<u64, Errno> {
+        inode: InodeOff,
+        pred: DirentOff,
+    ) -> Result<DirentOff, Errno> {
         let next = self.arena.reader().link(pred);
         let hash = name_hash(name);
         let node = self.new_entry(dir, hash, name, inode, next)?;
         // Release: the node is fully written before a reader can reach it
         // (readers Acquire the link).
-        self.arena.put(pred + D_NEXT, link(node, hash))?;
+        self.arena.put(pred.next(), link(node, hash))?;
         Ok(node)
     }
 
@@ -241,11 +246,11 @@ impl Namespace {
     /// naming `inode`, in one store, so the name never vanishes.
     pub(super) fn replace_entry(
         &mut self,
-        dir: u64,
-        old: u64,
-        pred: u64,
-        inode: u64,
-    ) -> Result<u64, Errno> {
+        dir: InodeOff,
+        old: DirentOff,
+        pred: DirentOff,
+        inode: InodeOff,
+    ) -> Result<DirentOff, Errno> {
         let r = self.arena.reader();
         if r.next(pred) != old {
             return Err(Errno::EIO);
@@ -253,22 +258,22 @@ impl Namespace {
         let info = r.dirent(old);
         let next = r.link(old);
         let node = self.new_entry(dir, info.hash, &info.name, inode, next)?;
-        self.arena.put(pred + D_NEXT, link(node, info.hash))?;
+        self.arena.put(pred.next(), link(node, info.hash))?;
         self.entry_gone(old);
-        self.arena.retire(old)?;
+        self.arena.retire(old.get())?;
         Ok(node)
     }
 
     /// Unlinks entry `node` (after `pred`) and retires it. Its own link
     /// stays intact, so a reader standing on it walks on.
-    pub(super) fn unlink_entry(&mut self, node: u64, pred: u64) -> Result<(), Errno> {
+    pub(super) fn unlink_entry(&mut self, node: DirentOff, pred: DirentOff) -> Result<(), Errno> {
         let r = self.arena.reader();
         if r.next(pred) != node {
             return Err(Errno::EIO);
         }
-        self.arena.put(pred + D_NEXT, r.link(node))?;
+        self.arena.put(pred.next(), r.link(node))?;
         self.entry_gone(node);
-        self.arena.retire(node)
+        self.arena.retire(node.get())
     }
 }
 
@@ -280,9 +285,9 @@ pub const DISMANTLE_STEP: u64 = 16;
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Dismantling {
     /// The directory's inode (dead, not yet retired).
-    dir: u64,
-    /// The next node of its list to retire (0 once all are).
-    next: u64,
+    dir: InodeOff,
+    /// The next node of its list to retire (null once all are).
+    next: DirentOff,
 }
 
 /// How many entries ahead [`Namespace::load_dir`] asks for a name.
@@ -294,14 +299,14 @@ const PREFETCH_AHEAD: usize = 16;
 #[derive(Debug, Clone, Copy)]
 pub struct LoadedEntry {
     /// The directory it is in (by inode number).
-    pub parent: u64,
+    pub parent: Ino,
     /// Its key hash ([`name_hash`] of the name).
     pub hash: u64,
     /// The inode number it names.
-    pub ino: u64,
+    pub ino: Ino,
     /// That inode, and its kind, as loaded (the caller looked them up).
-    pub inode: u64,
-    /// Where the metadata store keeps its record ([`D_SLOT`]).
+    pub inode: InodeOff,
+    /// Where the metadata store keeps its record ([`DirentOff::slot`]).
     pub slot: u64,
     /// Where its name starts in the names buffer.
     pub name_at: u32,
@@ -338,7 +343,7 @@ impl Namespace {
     /// would cost a cache miss), hash (the name's), inode and kind.
     pub fn load_dir(
         &mut self,
-        parent: u64,
+        parent: Ino,
         names: &[u8],
         entries: &[LoadedEntry],
     ) -> Result<(), Errno> {
@@ -347,7 +352,7 @@ impl Namespace {
         if r.kind(dir) != Some(Kind::Dir) {
             return Err(Errno::ENOTDIR);
         }
-        if r.next(r.dir_head(dir)) != 0 && self.arena.get(dir + I_ENTRIES) > 0 {
+        if !r.next(r.dir_head(dir)).is_null() && self.arena.get(dir.entries()) > 0 {
             return Err(Errno::EEXIST);
         }
         // The key checks before anything changes (names only where two
@@ -373,16 +378,16 @@ impl Namespace {
         // The list the directory was made with (head, first table and its
         // sentinels) gives way to one built for these entries.
         let head = r.dir_head(dir);
-        let old_table = self.arena.get(dir + I_BUCKETS);
+        let old_table = self.arena.get(dir.buckets());
         let mut old = Vec::new();
         let mut x = r.next(head);
-        while x != 0 {
+        while !x.is_null() {
             old.push(x);
             x = r.next(x);
         }
-        let table = self.arena.alloc(TAG_BUCKETS, B_SLOTS + (8 << bits))?;
-        self.arena.put(table + B_BITS, u64::from(bits))?;
-        self.arena.put(table + B_SLOTS, head)?;
+        let table = BucketTable::new(self.arena.alloc(TAG_BUCKETS, BucketTable::size(bits))?);
+        self.arena.put(table.bits(), u64::from(bits))?;
+        self.arena.put(table.slot(0), head.get())?;
         // Built from the last node back, so that each is complete before
         // anything links to it.
         let mut next = 0u64;
@@ -399,35 +404,35 @@ impl Namespace {
                 let e = entries[k];
                 let name = e.name(names);
                 let node = self.new_entry_of(dir, e.hash, name, e.inode, e.ino, e.kind, next)?;
-                self.arena.put(node + D_SLOT, e.slot)?;
+                self.arena.put(node.slot(), e.slot)?;
                 next = link(node, e.hash);
             }
             if b == 0 {
                 break;
             }
-            let s = self.arena.alloc(TAG_SENTINEL, dirent_size(0))?;
-            self.arena.put(s + D_HASH, bucket_start(b, bits))?;
-            self.arena.put(s + D_DIR, dir)?;
-            self.arena.put(s + D_NEXT, next)?;
-            self.arena.put(table + B_SLOTS + 8 * b, s)?;
+            let s = DirentOff::new(self.arena.alloc(TAG_SENTINEL, dirent_size(0))?);
+            self.arena.put(s.hash(), bucket_start(b, bits))?;
+            self.arena.put(s.dir(), dir.get())?;
+            self.arena.put(s.next(), next)?;
+            self.arena.put(table.slot(b), s.get())?;
             next = link(s, bucket_start(b, bits));
         }
-        self.arena.put(head + D_NEXT, next)?;
-        self.arena.put(dir + I_BUCKETS, table)?;
+        self.arena.put(head.next(), next)?;
+        self.arena.put(dir.buckets(), table.get())?;
         for s in old {
-            self.arena.retire(s)?;
+            self.arena.retire(s.get())?;
         }
         self.arena.retire(old_table)?;
-        self.update(dir, |a| a.put(dir + I_ENTRIES, n))?;
+        self.update(dir, |a| a.put(dir.entries(), n))?;
         for e in entries.iter().filter(|e| e.kind == Kind::Dir) {
             let inode = e.inode;
             let r = self.arena.reader();
             {
                 // A directory has one name (the root none).
-                if r.parent(inode) != 0 {
+                if !r.parent(inode).is_null() {
                     return Err(Errno::EMLINK);
                 }
-                self.update(inode, |a| a.put(inode + I_PARENT, dir))?;
+                self.update(inode, |a| a.put(inode.parent(), dir.get()))?;
             }
         }
         Ok(())

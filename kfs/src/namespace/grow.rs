@@ -28,6 +28,7 @@ use std::cmp::Ordering as Cmp;
 use std::collections::BTreeMap;
 
 use kucofs_common::index::layout::*;
+use kucofs_common::index::{BucketTable, DirentOff, InodeOff};
 use kucofs_common::pm::Words;
 use kucofs_common::Errno;
 
@@ -60,7 +61,7 @@ const BATCH: u64 = 32;
 struct Doubling {
     /// The new table: slots `0..2 * next` written, the rest not yet (and
     /// never read before they are).
-    table: u64,
+    table: BucketTable,
     /// The next old bucket to migrate.
     next: u64,
 }
@@ -70,7 +71,7 @@ struct Doubling {
 pub(super) struct Doublings {
     /// Directory (its inode's offset) → its doubling. Ordered, so idle
     /// steps go through directories in a fixed order.
-    dirs: BTreeMap<u64, Doubling>,
+    dirs: BTreeMap<InodeOff, Doubling>,
     /// Old buckets migrated so far, over all directories.
     migrated: u64,
     /// Buckets an add migrates: [`GROW_STEP`] (tests change it).
@@ -96,22 +97,22 @@ impl Namespace {
     /// alone) finishes that one first, a step an add; the next starts at
     /// the add after it ends. So one change allocates at most one table
     /// and [`GROW_STEP`] sentinels.
-    pub(super) fn maybe_grow(&mut self, dir: u64) -> Result<(), Errno> {
+    pub(super) fn maybe_grow(&mut self, dir: InodeOff) -> Result<(), Errno> {
         let budget = self.doublings.per_add;
         if self.doublings.dirs.contains_key(&dir) {
             return self.migrate(dir, budget);
         }
-        let table = self.arena.get(dir + I_BUCKETS);
-        let bits = self.arena.get(table + B_BITS) as u32;
-        let entries = self.arena.get(dir + I_ENTRIES);
+        let table = BucketTable::new(self.arena.get(dir.buckets()));
+        let bits = self.arena.get(table.bits()) as u32;
+        let entries = self.arena.get(dir.entries());
         if bits >= BUCKET_BITS_MAX || entries <= LOAD << bits {
             return Ok(());
         }
         let nb = bits + 1;
         // Every slot is written by the migration before the table is
         // published, so it needs neither clearing nor its pages now.
-        let new = self.arena.alloc_unset(TAG_BUCKETS, B_SLOTS + (8 << nb))?;
-        self.arena.put(new + B_BITS, u64::from(nb))?;
+        let new = BucketTable::new(self.arena.alloc_unset(TAG_BUCKETS, BucketTable::size(nb))?);
+        self.arena.put(new.bits(), u64::from(nb))?;
         self.doublings.dirs.insert(
             dir,
             Doubling {
@@ -144,31 +145,31 @@ impl Namespace {
     /// The doubling under way in `dir`, if any: its new table, and how
     /// many old buckets it has migrated (fsck checks what they put in the
     /// list and in the new table).
-    pub(crate) fn doubling(&self, dir: u64) -> Option<(u64, u64)> {
+    pub(crate) fn doubling(&self, dir: InodeOff) -> Option<(BucketTable, u64)> {
         self.doublings.dirs.get(&dir).map(|d| (d.table, d.next))
     }
 
     /// Drops the doubling under way in `dir`, which is being removed: its
     /// table, never published, is retired with the directory's list (the
     /// sentinels it migrated are in the list).
-    pub(super) fn abandon_doubling(&mut self, dir: u64) -> Result<(), Errno> {
+    pub(super) fn abandon_doubling(&mut self, dir: InodeOff) -> Result<(), Errno> {
         match self.doublings.dirs.remove(&dir) {
-            Some(d) => self.arena.retire(d.table),
+            Some(d) => self.arena.retire(d.table.get()),
             None => Ok(()),
         }
     }
 
     /// Buckets in `dir`'s published table.
-    fn buckets(&self, dir: u64) -> u64 {
-        let table = self.arena.get(dir + I_BUCKETS);
-        1 << self.arena.get(table + B_BITS)
+    fn buckets(&self, dir: InodeOff) -> u64 {
+        let table = BucketTable::new(self.arena.get(dir.buckets()));
+        1 << self.arena.get(table.bits())
     }
 
     /// Migrates up to `budget` old buckets of `dir`'s doubling, and
     /// publishes the new table once the last one is done. On an error
     /// (no index space for a sentinel), what was migrated stays migrated
     /// and recorded, and the rest is left for later.
-    fn migrate(&mut self, dir: u64, budget: u64) -> Result<(), Errno> {
+    fn migrate(&mut self, dir: InodeOff, budget: u64) -> Result<(), Errno> {
         let Some(&Doubling { table: new, next }) = self.doublings.dirs.get(&dir) else {
             return Ok(());
         };
@@ -184,14 +185,14 @@ impl Namespace {
         if done < buckets {
             return Ok(());
         }
-        let old = self.arena.get(dir + I_BUCKETS);
+        let old = self.arena.get(dir.buckets());
         // Release: every slot of the new table is visible before the table
         // is (pairs with the Acquire in `bucket_start`), and so is every
         // sentinel it points at (each linked with its own Release). The
         // slots written by earlier steps are covered too: those steps came
         // before this store on this thread, or on a thread that held the
         // volume's lock before this one took it, which orders them first.
-        self.arena.put(dir + I_BUCKETS, new)?;
+        self.arena.put(dir.buckets(), new.get())?;
         self.doublings.dirs.remove(&dir);
         self.arena.retire(old)
     }
@@ -207,13 +208,13 @@ impl Namespace {
     /// prefetched, so that their misses overlap.
     fn migrate_buckets(
         &mut self,
-        dir: u64,
-        new: u64,
+        dir: InodeOff,
+        new: BucketTable,
         done: &mut u64,
         end: u64,
     ) -> Result<(), Errno> {
-        let old = self.arena.get(dir + I_BUCKETS);
-        let bits = self.arena.get(old + B_BITS) as u32;
+        let old = BucketTable::new(self.arena.get(dir.buckets()));
+        let bits = self.arena.get(old.bits()) as u32;
         let nb = bits + 1;
         while *done < end {
             let first = *done;
@@ -221,12 +222,12 @@ impl Namespace {
             let r = self.arena.reader();
             // Each chain's node to link the sentinel after, and that node's
             // link (what the sentinel links to).
-            let mut cur = [0u64; BATCH as usize];
+            let mut cur = [DirentOff::NULL; BATCH as usize];
             let mut next = [0u64; BATCH as usize];
             let mut placed = [false; BATCH as usize];
             for (b, c) in (first..).zip(&mut cur[..n]) {
-                *c = self.arena.get(old + B_SLOTS + 8 * b);
-                r.mem().prefetch(*c + D_NEXT);
+                *c = DirentOff::new(self.arena.get(old.slot(b)));
+                r.mem().prefetch(c.next());
             }
             let mut left = n;
             while left > 0 {
@@ -236,29 +237,29 @@ impl Namespace {
                     }
                     let mid = bucket_start(2 * (first + i as u64) + 1, nb);
                     let l = r.link(cur[i]);
-                    if l & LINK_NODE_MASK == 0 || r.cmp_link(l, mid, b"") != Cmp::Less {
+                    if link_node(l).is_null() || r.cmp_link(l, mid, b"") != Cmp::Less {
                         next[i] = l;
                         placed[i] = true;
                         left -= 1;
                     } else {
-                        cur[i] = l & LINK_NODE_MASK;
-                        r.mem().prefetch(cur[i] + D_NEXT);
+                        cur[i] = link_node(l);
+                        r.mem().prefetch(cur[i].next());
                     }
                 }
             }
             for i in 0..n {
                 let b = first + i as u64;
-                let start = self.arena.get(old + B_SLOTS + 8 * b);
+                let start = self.arena.get(old.slot(b));
                 let mid = bucket_start(2 * b + 1, nb);
-                let s = self.arena.alloc(TAG_SENTINEL, dirent_size(0))?;
-                self.arena.put(s + D_HASH, mid)?;
-                self.arena.put(s + D_DIR, dir)?;
-                self.arena.put(s + D_NEXT, next[i])?;
+                let s = DirentOff::new(self.arena.alloc(TAG_SENTINEL, dirent_size(0))?);
+                self.arena.put(s.hash(), mid)?;
+                self.arena.put(s.dir(), dir.get())?;
+                self.arena.put(s.next(), next[i])?;
                 // Release: the sentinel is complete before it is linked
                 // (pairs with the Acquire of a reader's `link`).
-                self.arena.put(cur[i] + D_NEXT, link(s, mid))?;
-                self.arena.put(new + B_SLOTS + 16 * b, start)?;
-                self.arena.put(new + B_SLOTS + 16 * b + 8, s)?;
+                self.arena.put(cur[i].next(), link(s, mid))?;
+                self.arena.put(new.slot(2 * b), start)?;
+                self.arena.put(new.slot(2 * b + 1), s.get())?;
                 *done = b + 1;
             }
         }

@@ -6,12 +6,13 @@
 //! root published, before the first entry is stored: storing the entries
 //! cannot fail half-way.
 
+use kucofs_common::format::PageNo;
 use kucofs_common::index::blockmap::{
     self, capacity, entry_page, word_capacity, EntrySource, EntryStore, MapReader, FANOUT,
-    MAP_HEIGHT, MAP_ROOT, MAP_SMALL, MAX_HEIGHT, NODE_SIZE, N_SLOTS, PAGE, SMALL_FANOUT,
-    SMALL_SIZE,
+    MAP_HEIGHT, MAP_ROOT, MAP_SMALL, MAX_HEIGHT, NODE_SIZE, PAGE, SMALL_FANOUT, SMALL_SIZE,
 };
 use kucofs_common::index::layout::*;
+use kucofs_common::index::{Ino, InodeOff};
 use kucofs_common::Errno;
 
 use super::Namespace;
@@ -65,7 +66,7 @@ impl MapWriter<'_> {
         let mut node = w & MAP_ROOT;
         let mut level = (w & MAP_HEIGHT) as u32;
         while level > 0 {
-            let at = node + N_SLOTS + 8 * blockmap::digit(page, level);
+            let at = blockmap::node_slot(node, blockmap::digit(page, level));
             let mut child = self.arena.get(at);
             if child == 0 {
                 child = self.arena.alloc(TAG_MAPNODE, NODE_SIZE)?;
@@ -95,8 +96,8 @@ impl MapWriter<'_> {
             let small = self.word & MAP_ROOT;
             let leaf = self.arena.alloc(TAG_MAPNODE, NODE_SIZE)?;
             for i in 0..SMALL_FANOUT {
-                let e = self.arena.get(small + N_SLOTS + 8 * i);
-                self.arena.put(leaf + N_SLOTS + 8 * i, e)?;
+                let e = self.arena.get(blockmap::node_slot(small, i));
+                self.arena.put(blockmap::node_slot(leaf, i), e)?;
             }
             self.arena.retire(small)?;
             self.word = leaf;
@@ -107,7 +108,8 @@ impl MapWriter<'_> {
                 return Err(Errno::EFBIG);
             }
             let root = self.arena.alloc(TAG_MAPNODE, NODE_SIZE)?;
-            self.arena.put(root + N_SLOTS, self.word & MAP_ROOT)?;
+            self.arena
+                .put(blockmap::node_slot(root, 0), self.word & MAP_ROOT)?;
             self.word = root | u64::from(height + 1);
         }
         Ok(true)
@@ -129,7 +131,7 @@ impl MapRef<'_> {
         }
         if w & MAP_SMALL != 0 {
             for i in 0..SMALL_FANOUT {
-                let e = self.arena.get((w & MAP_ROOT) + N_SLOTS + 8 * i);
+                let e = self.arena.get(blockmap::node_slot(w & MAP_ROOT, i));
                 if e != 0 {
                     f(i, e);
                 }
@@ -141,7 +143,7 @@ impl MapRef<'_> {
 
     fn walk(&self, node: u64, level: u32, base: u64, f: &mut impl FnMut(u64, u64)) {
         for i in 0..FANOUT {
-            let v = self.arena.get(node + N_SLOTS + 8 * i);
+            let v = self.arena.get(blockmap::node_slot(node, i));
             if v == 0 {
                 continue;
             }
@@ -158,7 +160,7 @@ impl MapRef<'_> {
         fn visit(a: &Arena, node: u64, level: u32, out: &mut Vec<u64>) {
             if level > 0 {
                 for i in 0..FANOUT {
-                    let c = a.get(node + N_SLOTS + 8 * i);
+                    let c = a.get(blockmap::node_slot(node, i));
                     if c != 0 {
                         visit(a, c, level - 1, out);
                     }
@@ -179,8 +181,8 @@ impl MapRef<'_> {
 }
 
 impl Namespace {
-    fn map_writer(&mut self, inode: u64) -> MapWriter<'_> {
-        let word = self.arena.get(inode + I_MAP);
+    fn map_writer(&mut self, inode: InodeOff) -> MapWriter<'_> {
+        let word = self.arena.get(inode.map());
         MapWriter {
             arena: &mut self.arena,
             word,
@@ -189,16 +191,16 @@ impl Namespace {
 
     /// Hands `f` each data page replaced or dropped by the changes since
     /// the last call (they wait for their grace period before reuse).
-    pub fn drain_replaced(&mut self, f: impl FnMut(u64)) {
+    pub fn drain_replaced(&mut self, f: impl FnMut(PageNo)) {
         self.replaced.drain(..).for_each(f);
     }
 
-    /// Makes file pages `first..` live in the data pages `pages` and sets
-    /// the size to `size`. The replaced pages go to
-    /// [`Namespace::drain_replaced`].
+    /// Makes file pages `first..` live in the data pages `pages` (page
+    /// numbers as requests and the log carry them) and sets the size to
+    /// `size`. The replaced pages go to [`Namespace::drain_replaced`].
     pub fn write_pages(
         &mut self,
-        inode: u64,
+        inode: InodeOff,
         first: u64,
         pages: &[u64],
         size: u64,
@@ -216,7 +218,7 @@ impl Namespace {
         {
             return Err(Errno::EINVAL);
         }
-        let last_version = self.arena.get(inode + I_VERSION);
+        let last_version = self.arena.get(inode.version());
         let mut w = self.map_writer(inode);
         let old_word = w.word;
         if n > 0 {
@@ -231,7 +233,7 @@ impl Namespace {
         let word = w.word;
         if word != old_word {
             // Release: the new root is filled in before it is named.
-            self.arena.put(inode + I_MAP, word)?;
+            self.arena.put(inode.map(), word)?;
         }
         let mut w = MapWriter {
             arena: &mut self.arena,
@@ -250,20 +252,20 @@ impl Namespace {
         }
         self.scratch = replaced;
         if self.store.enabled() {
-            let ino = self.arena.get(inode + I_INO);
+            let ino = Ino::new(self.arena.get(inode.ino()));
             for (i, &p) in pages.iter().enumerate() {
-                self.store.page_owned(p, ino, first + i as u64);
+                self.store.page_owned(PageNo::new(p), ino, first + i as u64);
             }
         }
-        let blocks = self.arena.get(inode + I_BLOCKS) + n - dropped;
+        let blocks = self.arena.get(inode.blocks()) + n - dropped;
         self.update(inode, |a| {
-            a.put(inode + I_VERSION, version)?;
-            a.put(inode + I_BLOCKS, blocks)?;
+            a.put(inode.version(), version)?;
+            a.put(inode.blocks(), blocks)?;
             // Release, after the entries: a reader that sees the new size
             // sees the pages under it.
-            a.put(inode + I_SIZE, size)?;
-            a.put(inode + I_MTIME, time as u64)?;
-            a.put(inode + I_CTIME, time as u64)
+            a.put(inode.size(), size)?;
+            a.put(inode.mtime(), time as u64)?;
+            a.put(inode.ctime(), time as u64)
         })
     }
 
@@ -272,8 +274,8 @@ impl Namespace {
     /// entry earlier sees it change when it checks again, and reads again
     /// instead of keeping a half-changed copy. Nothing is replaced. Returns
     /// the data page, or `None` for a hole (left as it is).
-    pub fn reversion_page(&mut self, inode: u64, page: u64) -> Result<Option<u64>, Errno> {
-        let last_version = self.arena.get(inode + I_VERSION);
+    pub fn reversion_page(&mut self, inode: InodeOff, page: u64) -> Result<Option<PageNo>, Errno> {
+        let last_version = self.arena.get(inode.version());
         let mut old = std::mem::take(&mut self.scratch);
         old.clear();
         let mut w = self.map_writer(inode);
@@ -283,23 +285,23 @@ impl Namespace {
             return Ok(None);
         }
         let version = blockmap::next_version(&w, last_version, page, 1);
-        blockmap::publish(&mut w, page, &[entry_page(e)], version, &mut old);
+        blockmap::publish(&mut w, page, &[entry_page(e).get()], version, &mut old);
         self.scratch = old;
-        self.update(inode, |a| a.put(inode + I_VERSION, version))?;
+        self.update(inode, |a| a.put(inode.version(), version))?;
         Ok(Some(entry_page(e)))
     }
 
     /// Sets a file's size; pages wholly past the new end are dropped (to
     /// [`Namespace::drain_replaced`]).
-    pub fn truncate_file(&mut self, inode: u64, size: u64, time: i64) -> Result<(), Errno> {
+    pub fn truncate_file(&mut self, inode: InodeOff, size: u64, time: i64) -> Result<(), Errno> {
         let keep = size.div_ceil(PAGE);
         // The size first: a reader that still sees the old size may read
         // zeros where dropped pages were, never a reused page (they wait for
         // the grace period).
         self.update(inode, |a| {
-            a.put(inode + I_SIZE, size)?;
-            a.put(inode + I_MTIME, time as u64)?;
-            a.put(inode + I_CTIME, time as u64)
+            a.put(inode.size(), size)?;
+            a.put(inode.mtime(), time as u64)?;
+            a.put(inode.ctime(), time as u64)
         })?;
         let mut w = self.map_writer(inode);
         let mut dropped = Vec::new();
@@ -320,16 +322,16 @@ impl Namespace {
         for &(p, _) in &dropped {
             w.set_entry(p, 0);
         }
-        let blocks = self.arena.get(inode + I_BLOCKS) - dropped.len() as u64;
+        let blocks = self.arena.get(inode.blocks()) - dropped.len() as u64;
         for &(_, e) in &dropped {
             self.drop_data_page(entry_page(e));
         }
-        self.update(inode, |a| a.put(inode + I_BLOCKS, blocks))
+        self.update(inode, |a| a.put(inode.blocks(), blocks))
     }
 
     /// Retires a file's map nodes and gives its pages to
     /// [`Namespace::drain_replaced`] (the file is being dropped).
-    pub(super) fn drop_map(&mut self, inode: u64) -> Result<(), Errno> {
+    pub(super) fn drop_map(&mut self, inode: InodeOff) -> Result<(), Errno> {
         let w = self.map_ref(inode);
         let mut pages = Vec::new();
         w.for_each(|_, e| pages.push(entry_page(e)));
@@ -348,26 +350,26 @@ impl Namespace {
     /// the attributes its inode record holds.
     pub fn load_pages(
         &mut self,
-        inode: u64,
+        inode: InodeOff,
         first: u64,
         pages: &[u64],
         a: &kucofs_common::index::InodeAttr,
     ) -> Result<(), Errno> {
         // `write_pages` refuses a range past the largest file.
         self.write_pages(inode, first, pages, a.size, a.mtime)?;
-        self.update(inode, |x| x.put(inode + I_CTIME, a.ctime as u64))
+        self.update(inode, |x| x.put(inode.ctime(), a.ctime as u64))
     }
 
     /// Calls `f(file page, data page)` for every page a file holds, in
     /// file order.
-    pub fn file_pages(&self, inode: u64, mut f: impl FnMut(u64, u64)) {
+    pub fn file_pages(&self, inode: InodeOff, mut f: impl FnMut(u64, PageNo)) {
         self.map_ref(inode).for_each(|p, e| f(p, entry_page(e)));
     }
 
-    fn map_ref(&self, inode: u64) -> MapRef<'_> {
+    fn map_ref(&self, inode: InodeOff) -> MapRef<'_> {
         MapRef {
             arena: &self.arena,
-            word: self.arena.get(inode + I_MAP),
+            word: self.arena.get(inode.map()),
         }
     }
 }

@@ -1,4 +1,5 @@
 use kucofs_common::index::layout::{TAG_DIRENT, TAG_INODE};
+use kucofs_common::index::BucketTable;
 use kucofs_common::proto::SetAttrs;
 
 use super::*;
@@ -191,7 +192,7 @@ fn renames_follow_posix() {
     let f = rename(&mut ns, "f", "g").unwrap().unwrap();
     assert_eq!(names(&ns, "/"), ["a", "b", "g"]);
     assert_eq!(ns.reader().resolve(b"g", true).unwrap(), f.inode);
-    assert_eq!(ns.reader().inode_by_ino(g_ino), 0);
+    assert!(ns.reader().inode_by_ino(g_ino).is_null());
     // Directory across directories: link counts and "..".
     rename(&mut ns, "a/sub", "b/sub2").unwrap();
     let r = ns.reader();
@@ -305,26 +306,29 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
             // Out of range, into the middle of an item, at an inode, past
             // the end of the arena.
             Hint {
-                pred: u64::MAX,
+                pred: DirentOff::new(u64::MAX),
                 ..good
             },
             Hint {
-                pred: good.pred + 8,
+                pred: DirentOff::new(good.pred.get() + 8),
                 ..good
             },
             Hint {
-                pred: good.dir,
+                pred: DirentOff::new(good.dir.get()),
                 ..good
             },
             Hint {
-                pred: used + 4096,
+                pred: DirentOff::new(used + 4096),
                 ..good
             },
             Hint {
-                dir: good.dir + 16,
+                dir: InodeOff::new(good.dir.get() + 16),
                 ..good
             },
-            Hint { dir: 0, ..good },
+            Hint {
+                dir: InodeOff::NULL,
+                ..good
+            },
             Hint { dir: root, ..good },
             // A node of another directory's list.
             Hint {
@@ -347,7 +351,7 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
             reply.inode,
             "forgery {i}"
         );
-        assert!(r.is_live(reply.inode, TAG_INODE, Some(reply.gen)));
+        assert!(r.is_live(reply.inode.get(), TAG_INODE, Some(reply.gen)));
         assert_eq!(
             ns.hint_stats().stale,
             stale_before + 1,
@@ -365,7 +369,7 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     unlink(&mut ns, "d/f8", false).unwrap();
     let epoch = ns.advance_epoch().unwrap();
     ns.free_retired(epoch).unwrap();
-    assert!(!ns.reader().is_live(h.found, TAG_DIRENT, None));
+    assert!(!ns.reader().is_live(h.found.get(), TAG_DIRENT, None));
     let req = Request::Unlink {
         path: b"d/f8",
         rmdir: false,
@@ -526,11 +530,11 @@ fn requests_whose_every_address_is_stale_still_do_the_right_thing() {
 
 /// Every record `walk` gives, sorted: inodes as (ino, nlink, target), entries
 /// as (parent, name, ino).
-type Records = (Vec<(u64, u32, Option<Vec<u8>>)>, Vec<(u64, Vec<u8>, u64)>);
+type Records = (Vec<(Ino, u32, Option<Vec<u8>>)>, Vec<(Ino, Vec<u8>, Ino)>);
 
 fn records(ns: &Namespace, scan: bool) -> Records {
     let (mut inodes, mut entries) = (Vec::new(), Vec::new());
-    let mut on_entry = |p: u64, n: &[u8], i: u64| entries.push((p, n.to_vec(), i));
+    let mut on_entry = |p: Ino, n: &[u8], i: Ino| entries.push((p, n.to_vec(), i));
     if scan {
         let target = |a: &InodeAttr| ns.reader().readlink(a.offset);
         ns.for_each_inode(|a| inodes.push((a.ino, a.nlink, target(a))));
@@ -587,12 +591,13 @@ fn the_inode_table_finds_what_a_walk_finds_in_a_grown_directory_with_links() {
     // walked in step.
     let r = ns.reader();
     let big = r.resolve(b"big", true).unwrap();
-    let table = r
-        .mem()
-        .load_u64(big + I_BUCKETS, std::sync::atomic::Ordering::Acquire);
+    let table = BucketTable::new(
+        r.mem()
+            .load_u64(big.buckets(), std::sync::atomic::Ordering::Acquire),
+    );
     assert!(
         r.mem()
-            .load_u64(table + B_BITS, std::sync::atomic::Ordering::Relaxed)
+            .load_u64(table.bits(), std::sync::atomic::Ordering::Relaxed)
             > 8
     );
 }
@@ -629,7 +634,7 @@ fn names_whose_links_share_a_tag_are_told_apart_by_their_keys() {
         mkdir(&mut ns, dir).unwrap();
         create(&mut ns, &format!("{dir}/{first}")).unwrap();
         let d = ns.reader().resolve(dir.as_bytes(), true).unwrap();
-        assert_eq!(ns.reader().lookup(d, second.as_bytes()), 0, "{dir}");
+        assert!(ns.reader().lookup(d, second.as_bytes()).is_null(), "{dir}");
         // The pre-located place of the second name is checked through the
         // same links, and used.
         let path = format!("{dir}/{second}");
@@ -639,14 +644,14 @@ fn names_whose_links_share_a_tag_are_told_apart_by_their_keys() {
         assert_eq!(ns.hint_stats().used, used + 1, "{dir}");
         let r = ns.reader();
         assert_ne!(r.lookup(d, low.as_bytes()), r.lookup(d, high.as_bytes()));
-        assert_ne!(r.lookup(d, low.as_bytes()), 0, "{dir}");
-        assert_ne!(r.lookup(d, high.as_bytes()), 0, "{dir}");
+        assert!(!r.lookup(d, low.as_bytes()).is_null(), "{dir}");
+        assert!(!r.lookup(d, high.as_bytes()).is_null(), "{dir}");
         let mut want = vec![low.clone(), high.clone()];
         want.sort();
         assert_eq!(names(&ns, dir), want);
         unlink(&mut ns, &format!("{dir}/{first}"), false).unwrap();
-        assert_eq!(ns.reader().lookup(d, first.as_bytes()), 0, "{dir}");
-        assert_ne!(ns.reader().lookup(d, second.as_bytes()), 0, "{dir}");
+        assert!(ns.reader().lookup(d, first.as_bytes()).is_null(), "{dir}");
+        assert!(!ns.reader().lookup(d, second.as_bytes()).is_null(), "{dir}");
     }
 }
 

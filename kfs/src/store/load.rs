@@ -9,7 +9,7 @@ use kucofs_common::format::meta::{
 };
 use kucofs_common::format::{Geometry, OWNER_SIZE, PAGE_SIZE};
 use kucofs_common::index::blockmap::MAX_FILE_SIZE;
-use kucofs_common::index::{check_name, Kind};
+use kucofs_common::index::{check_name, Ino, InodeOff, Kind};
 
 use super::{slot_id, Store, StoreUse};
 use crate::intmap::IntMap;
@@ -181,9 +181,9 @@ pub fn load(
                 ));
             }
             let attr = kucofs_common::index::InodeAttr {
-                offset: 0,
+                offset: InodeOff::NULL,
                 gen: 0,
-                ino,
+                ino: Ino::new(ino),
                 mode: rec.mode,
                 nlink: rec.nlink,
                 uid: rec.uid,
@@ -223,7 +223,7 @@ pub fn load(
         (0..itable.len() as u64)
             .map(|k| {
                 (0..INODES_PER_PAGE)
-                    .filter(|s| r.inode_by_ino(k * INODES_PER_PAGE + s) != 0)
+                    .filter(|s| !r.inode_by_ino(Ino::new(k * INODES_PER_PAGE + s)).is_null())
                     .count() as u8
             })
             .collect()
@@ -261,7 +261,7 @@ pub fn load(
                 ));
             }
             let at = slot_of(rec.ino).filter(|_| rec.ino != ROOT_INO);
-            let (inode, kind) = at.map_or((0, 0), |(b, s)| {
+            let (inode, kind) = at.map_or((InodeOff::NULL, 0), |(b, s)| {
                 let l = &mut blocks[b][s];
                 l.names += 1;
                 (l.inode, l.kind)
@@ -271,13 +271,13 @@ pub fn load(
                     blocks[b][s].names += 1;
                 }
             }
-            let kind = Kind::from_byte(kind).filter(|_| inode != 0);
+            let kind = Kind::from_byte(kind).filter(|_| !inode.is_null());
             let Some(kind) = kind.filter(|k| k.to_byte() == rec.kind) else {
                 return Err(format!(
                     "entry {:?} in directory {parent} names inode {}, {}",
                     String::from_utf8_lossy(name),
                     rec.ino,
-                    if inode == 0 {
+                    if inode.is_null() {
                         "which does not exist"
                     } else {
                         "of another type, or the root"
@@ -287,9 +287,9 @@ pub fn load(
             let name_at = u32::try_from(names.len()).map_err(|_| "too many names".to_string())?;
             names.extend_from_slice(name);
             found.push(LoadedEntry {
-                parent,
+                parent: Ino::new(parent),
                 hash: kucofs_common::index::name_hash(name),
-                ino: rec.ino,
+                ino: Ino::new(rec.ino),
                 inode,
                 slot: slot_id(p, s),
                 name_at,
@@ -346,12 +346,12 @@ pub fn load(
     let mut i = 0;
     while i < files.len() {
         let (ino, first, p) = files[i];
-        let inode = ns.reader().inode_by_ino(ino);
+        let inode = ns.reader().inode_by_ino(Ino::new(ino));
         let attr = ns
             .reader()
             .attr(inode)
             .filter(|a| a.kind() == Some(Kind::File));
-        let Some(attr) = attr.filter(|_| inode != 0) else {
+        let Some(attr) = attr.filter(|_| !inode.is_null()) else {
             return Err(format!(
                 "data page {p} belongs to inode {ino}, which is no regular file"
             ));
@@ -416,8 +416,8 @@ pub fn held_pages(ns: &Namespace) -> (Vec<u64>, Vec<u64>) {
 /// An inode as loaded, for the entries that name it.
 #[derive(Debug, Clone, Copy, Default)]
 struct Loading {
-    /// Its offset in the index (0: no inode).
-    inode: u64,
+    /// Its offset in the index (null: no inode).
+    inode: InodeOff,
     /// Its type byte.
     kind: u8,
     /// Its link count in the store.

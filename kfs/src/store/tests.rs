@@ -43,7 +43,7 @@ fn tree(ns: &Namespace) -> Tree {
             let a = r.attr(e.inode).unwrap();
             let mut pages = Vec::new();
             if e.kind == Kind::File {
-                ns.file_pages(e.inode, |p, d| pages.push((p, d)));
+                ns.file_pages(e.inode, |p, d| pages.push((p, d.get())));
             }
             let target = r.readlink(e.inode).unwrap_or_default();
             out.insert(

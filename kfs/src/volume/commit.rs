@@ -13,7 +13,7 @@
 //! fences the log entry before it replies.
 
 use kucofs_common::index::blockmap::{MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
-use kucofs_common::index::layout::I_SIZE;
+use kucofs_common::index::{Ino, InodeOff};
 use kucofs_common::proto::{Extents, Reply, COMMIT_PAGES_MAX};
 use kucofs_common::Errno;
 
@@ -32,7 +32,7 @@ impl Volume {
     /// copies anything). The size covering the zeros is stored after them.
     fn zero_tail(
         &mut self,
-        inode: u64,
+        inode: InodeOff,
         old_size: u64,
         unless: std::ops::Range<u64>,
     ) -> Result<(), Errno> {
@@ -44,7 +44,7 @@ impl Volume {
         let Some(data_page) = self.ns.reversion_page(inode, page)? else {
             return Ok(());
         };
-        let off = data_page * PAGE + at;
+        let off = data_page.byte_offset() + at;
         let region = self.image.region();
         region
             .fill(off, PAGE - at, 0)
@@ -54,7 +54,7 @@ impl Volume {
 
     pub(super) fn commit(
         &mut self,
-        ino: u64,
+        ino: Ino,
         first: u64,
         size: u64,
         extents: &Extents,
@@ -69,7 +69,7 @@ impl Volume {
             return Err(Errno::EINVAL);
         }
         let inode = self.leased(ino, caller)?;
-        let old_size = self.ns.shm_u64(inode + I_SIZE);
+        let old_size = self.ns.shm_u64(inode.size());
         let new_size = old_size.max(size);
         // The last page committed holds bytes of the file (`first + n` was
         // checked against the largest file, so this cannot overflow).
@@ -110,7 +110,7 @@ impl Volume {
         })
     }
 
-    pub(super) fn truncate(&mut self, ino: u64, size: u64, caller: Caller) -> Result<Reply, Errno> {
+    pub(super) fn truncate(&mut self, ino: Ino, size: u64, caller: Caller) -> Result<Reply, Errno> {
         if size > MAX_FILE_SIZE {
             return Err(Errno::EFBIG);
         }
@@ -119,8 +119,8 @@ impl Volume {
         Ok(Reply::Size(size))
     }
 
-    pub(super) fn set_size(&mut self, inode: u64, ino: u64, size: u64) -> Result<(), Errno> {
-        let old_size = self.ns.shm_u64(inode + I_SIZE);
+    pub(super) fn set_size(&mut self, inode: InodeOff, ino: Ino, size: u64) -> Result<(), Errno> {
+        let old_size = self.ns.shm_u64(inode.size());
         if size > old_size {
             self.zero_tail(inode, old_size, 0..0)?;
         }

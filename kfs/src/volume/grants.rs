@@ -209,7 +209,7 @@ fn reserve_prefix(region: &kucofs_common::pm::Region, s: u64, n: u64) -> (u64, O
     while want > 0 {
         match region.reserve(s * PAGE, want * PAGE) {
             Ok(()) => return (want, why),
-            Err(e) => why = Some(Errno(e.errno())),
+            Err(e) => why = Some(Errno::new(e.errno()).unwrap_or(Errno::EIO)),
         }
         want /= 2;
     }

@@ -2,7 +2,7 @@
 //! counts per client, and the one client per file that holds its write
 //! lease and alone may commit to it.
 
-use kucofs_common::index::Kind;
+use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::proto::{open, Node, Reply, Request};
 use kucofs_common::Errno;
 
@@ -45,7 +45,7 @@ impl Volume {
         let r = self.ns.reader();
         let kind = r.kind(inode).ok_or(Errno::EIO)?;
         let ino = r.ino(inode);
-        let gen = kucofs_common::index::layout::header_gen(r.header(inode));
+        let gen = kucofs_common::index::layout::header_gen(r.header(inode.get()));
         if kind == Kind::Dir && (write || flags & open::TRUNC != 0) {
             return Err(Errno::EISDIR);
         }
@@ -83,7 +83,7 @@ impl Volume {
 
     pub(super) fn close_file(
         &mut self,
-        ino: u64,
+        ino: Ino,
         write: bool,
         caller: Caller,
     ) -> Result<Reply, Errno> {
@@ -113,7 +113,7 @@ impl Volume {
 
     /// The inode of a file `caller` holds the write lease of. A lease is
     /// only taken on a regular file, which stays while it is open.
-    pub(super) fn leased(&self, ino: u64, caller: Caller) -> Result<u64, Errno> {
+    pub(super) fn leased(&self, ino: Ino, caller: Caller) -> Result<InodeOff, Errno> {
         if self.data.leases.get(&ino) != Some(&caller.client) {
             return Err(Errno::EBADF);
         }

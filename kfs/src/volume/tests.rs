@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use kucofs_common::index::blockmap::PAGE;
-use kucofs_common::index::Kind;
+use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
 
@@ -13,29 +13,32 @@ use crate::recovery::RecoveryError;
 type Answer = std::result::Result<Reply, Errno>;
 
 /// The fields of an answer the tests below look at, whatever its kind: 0
-/// or the errno; a node's inode number and offset (a grant's first page in
-/// `inode`); a grant's first count, a size, or 1 for an open that created
-/// its file in `value`; a grant's runs.
+/// or the errno; a node's inode number and offset; a grant's first page;
+/// a grant's first count, a size, or 1 for an open that created its file
+/// in `value`; a grant's runs.
 trait Fields {
     fn errno(&self) -> i32;
-    fn ino(&self) -> u64;
-    fn inode(&self) -> u64;
+    fn ino(&self) -> Ino;
+    fn inode(&self) -> InodeOff;
+    fn page(&self) -> u64;
     fn value(&self) -> u64;
     fn granted(&self) -> std::vec::IntoIter<(u64, u64)>;
 }
 
 impl Fields for Answer {
     fn errno(&self) -> i32 {
-        self.as_ref().err().map_or(0, |e| e.0)
+        self.as_ref().err().map_or(0, |e| e.get())
     }
-    fn ino(&self) -> u64 {
-        self.and_then(Reply::into_node).map_or(0, |n| n.ino)
+    fn ino(&self) -> Ino {
+        self.and_then(Reply::into_node)
+            .map_or(Ino::default(), |n| n.ino)
     }
-    fn inode(&self) -> u64 {
-        match self {
-            Ok(Reply::Grant(g)) => g.first().0,
-            r => r.and_then(Reply::into_node).map_or(0, |n| n.inode),
-        }
+    fn inode(&self) -> InodeOff {
+        self.and_then(Reply::into_node)
+            .map_or(InodeOff::NULL, |n| n.inode)
+    }
+    fn page(&self) -> u64 {
+        self.and_then(Reply::into_grant).map_or(0, |g| g.first().0)
     }
     fn value(&self) -> u64 {
         match *self {
@@ -108,7 +111,7 @@ fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Answer {
 
 /// A commit of region pages `start..start + len` as file `ino`'s pages
 /// from `first`, naming size `size`.
-fn commit(ino: u64, first: u64, size: u64, start: u64, len: u32) -> Request<'static> {
+fn commit(ino: Ino, first: u64, size: u64, start: u64, len: u32) -> Request<'static> {
     let mut extents = kucofs_common::proto::Extents::new();
     extents.push(start, len);
     Request::Commit {
@@ -147,7 +150,7 @@ fn tree(ns: &Namespace) -> BTreeMap<String, (Kind, u32, u32, u64)> {
         for e in es {
             let path = format!("{prefix}/{}", String::from_utf8_lossy(&e.name));
             let a = r.attr(e.inode).unwrap();
-            out.insert(path.clone(), (e.kind, a.nlink, a.mode, a.ino));
+            out.insert(path.clone(), (e.kind, a.nlink, a.mode, a.ino.get()));
             if e.kind == Kind::Dir {
                 stack.push((e.inode, path));
             }
@@ -313,7 +316,7 @@ fn a_commit_is_durable_at_its_reply_and_whole_in_every_crash_image() {
         |v| a_file_and_a_grant(v, 2),
         |v, (f, g)| {
             assert_eq!(
-                v.handle(&commit(f.ino(), 1, 2 * 4096, g.inode(), 1), ME)
+                v.handle(&commit(f.ino(), 1, 2 * 4096, g.page(), 1), ME)
                     .errno(),
                 0
             )
@@ -321,12 +324,12 @@ fn a_commit_is_durable_at_its_reply_and_whole_in_every_crash_image() {
         |v, (f, _)| {
             let inode = v.ns.file_inode(f.ino()).unwrap();
             let mut pages = Vec::new();
-            v.ns.file_pages(inode, |p, d| pages.push((p, d)));
-            let size = v.ns.shm_u64(inode + kucofs_common::index::layout::I_SIZE);
+            v.ns.file_pages(inode, |p, d| pages.push((p, d.get())));
+            let size = v.ns.shm_u64(inode.size());
             (size, pages)
         },
     );
-    assert_eq!(after, (2 * 4096, vec![(1, g.inode())]));
+    assert_eq!(after, (2 * 4096, vec![(1, g.page())]));
 }
 
 /// A client thread applying its own commit copies the commit's data just
@@ -345,16 +348,16 @@ fn a_commit_fences_the_data_stored_before_it_ahead_of_its_entry() {
         |v| a_file_and_a_grant(v, 1),
         |v, (f, g)| {
             let region = v.image.region();
-            region.write_nt(g.inode() * PAGE, &data).unwrap();
+            region.write_nt(g.page() * PAGE, &data).unwrap();
             assert_eq!(
-                v.handle(&commit(f.ino(), 0, 64, g.inode(), 1), ME).errno(),
+                v.handle(&commit(f.ino(), 0, 64, g.page(), 1), ME).errno(),
                 0
             )
         },
         |v, (f, _)| {
             let inode = v.ns.file_inode(f.ino()).unwrap();
             let mut pages = Vec::new();
-            v.ns.file_pages(inode, |p, d| pages.push((p, d)));
+            v.ns.file_pages(inode, |p, d| pages.push((p, d.get())));
             let held = pages.first().map(|&(_, d)| {
                 let mut b = [0u8; 64];
                 v.image.region().read(d * PAGE, &mut b).unwrap();
@@ -388,7 +391,7 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
     let free = v.pages().free_pages();
     let g = v.handle(&Request::Grant { pages: 8 }, ME);
     assert_eq!((g.errno(), g.value()), (0, 8));
-    let commit = commit(f.ino(), 0, 10, g.inode(), 1);
+    let commit = commit(f.ino(), 0, 10, g.page(), 1);
     // Not the lease holder: refused; the holder: accepted.
     assert_eq!(v.handle(&commit, other).errno(), libc::EBADF);
     assert_eq!(v.handle(&commit, ME).errno(), 0);
@@ -456,7 +459,7 @@ fn batched_writer_and_a_client_under_off(
 fn replace_a_page_within_a_batch(v: &mut Volume, f: &Answer, pages: u32) -> Answer {
     let g = v.handle(&Request::Grant { pages }, ME);
     assert_eq!(g.errno(), 0);
-    for page in [g.inode(), g.inode() + 1] {
+    for page in [g.page(), g.page() + 1] {
         assert_eq!(v.handle(&commit(f.ino(), 0, 1, page, 1), ME).errno(), 0);
     }
     let_the_batches_expire(v);
@@ -502,21 +505,18 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
         assert_eq!(f.errno(), 0);
         let g = v.handle(&Request::Grant { pages: 4 }, me);
         assert_eq!(g.errno(), 0);
-        assert_eq!(perms(&view, g.inode()), "rw");
-        assert_eq!(
-            v.handle(&commit(f.ino(), 0, 1, g.inode(), 1), me).errno(),
-            0
-        );
+        assert_eq!(perms(&view, g.page()), "rw");
+        assert_eq!(v.handle(&commit(f.ino(), 0, 1, g.page(), 1), me).errno(), 0);
         match mode {
-            Protection::Strict => assert_eq!(perms(&view, g.inode()), "r-"),
+            Protection::Strict => assert_eq!(perms(&view, g.page()), "r-"),
             _ => {
-                assert_eq!(perms(&view, g.inode()), "rw");
+                assert_eq!(perms(&view, g.page()), "rw");
                 let_the_batches_expire(&mut v);
-                assert_eq!(perms(&view, g.inode()), "r-");
+                assert_eq!(perms(&view, g.page()), "r-");
             }
         }
         // The rest of the pool stays writable.
-        assert_eq!(perms(&view, g.inode() + 1), "rw");
+        assert_eq!(perms(&view, g.page() + 1), "rw");
     }
     v.close().unwrap();
 }
@@ -545,7 +545,7 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
             f.ino(),
             first,
             (first + n - 1) * 4096 + 1,
-            g.inode() + first,
+            g.page() + first,
             n as u32,
         );
         assert_eq!(v.handle(&c, ME).errno(), 0);
@@ -560,7 +560,7 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
     let fast = started.elapsed() < BATCH_TIME;
     if fast {
         // One page short of a batch, and inside its time bound.
-        assert_eq!(perms(&view, g.inode()), "rw");
+        assert_eq!(perms(&view, g.page()), "rw");
     }
     commit_run(&mut v, BATCH_PAGES - 1, 1);
     if !fast || started.elapsed() >= BATCH_TIME {
@@ -571,10 +571,10 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
         return;
     }
     for i in [0, BATCH_PAGES - 1] {
-        assert_eq!(perms(&view, g.inode() + i), "r-", "page {i}");
+        assert_eq!(perms(&view, g.page() + i), "r-", "page {i}");
     }
     // The pool's last page was not committed: still writable.
-    assert_eq!(perms(&view, g.inode() + BATCH_PAGES), "rw");
+    assert_eq!(perms(&view, g.page() + BATCH_PAGES), "rw");
     v.close().unwrap();
 }
 
@@ -588,27 +588,27 @@ fn a_batch_flush_spares_pool_pages_and_replaced_pages() {
     let (view, f, other_view, other) = batched_writer_and_a_client_under_off(&mut v);
     // File page 0 lives in g.inode, then in g.inode + 1.
     let g = replace_a_page_within_a_batch(&mut v, &f, 4);
-    assert_eq!(perms(&view, g.inode() + 1), "r-", "in the file");
-    assert_eq!(perms(&view, g.inode()), "rw", "replaced");
-    assert_eq!(perms(&view, g.inode() + 2), "rw", "in the pool");
+    assert_eq!(perms(&view, g.page() + 1), "r-", "in the file");
+    assert_eq!(perms(&view, g.page()), "rw", "replaced");
+    assert_eq!(perms(&view, g.page() + 2), "rw", "in the pool");
     // Once free, the replaced page is the lowest free page; another client
     // (under `off`, which takes the lowest) gets it, writable for it only.
     v.reclaim_now();
     let o = v.handle(&Request::Grant { pages: 1 }, other);
     assert_eq!(o.errno(), 0);
-    assert_eq!(o.inode(), g.inode());
-    assert_eq!(perms(&view, g.inode()), "r-");
-    assert_eq!(perms(&other_view, g.inode()), "rw");
+    assert_eq!(o.page(), g.page());
+    assert_eq!(perms(&view, g.page()), "r-");
+    assert_eq!(perms(&other_view, g.page()), "rw");
     // A batch of two runs with a pool page between them: one flush, and
     // the pool page stays writable.
     let g = v.handle(&Request::Grant { pages: 4 }, ME);
     assert_eq!(g.errno(), 0);
-    for (page, at) in [(1, g.inode()), (2, g.inode() + 2)] {
+    for (page, at) in [(1, g.page()), (2, g.page() + 2)] {
         let c = commit(f.ino(), page, page * 4096 + 1, at, 1);
         assert_eq!(v.handle(&c, ME).errno(), 0);
     }
     let_the_batches_expire(&mut v);
-    let got: Vec<String> = (0..4).map(|i| perms(&view, g.inode() + i)).collect();
+    let got: Vec<String> = (0..4).map(|i| perms(&view, g.page() + i)).collect();
     assert_eq!(got, ["r-", "rw", "r-", "rw"]);
     v.close().unwrap();
 }
@@ -625,12 +625,11 @@ fn a_page_replaced_within_its_batch_is_granted_back_writable() {
     v.reclaim_now();
     let again = v.handle(&Request::Grant { pages: 1 }, ME);
     assert_eq!(again.errno(), 0);
-    assert_eq!((again.inode(), again.value()), (g.inode(), 1));
-    assert_eq!(perms(&view, g.inode()), "rw");
+    assert_eq!((again.page(), again.value()), (g.page(), 1));
+    assert_eq!(perms(&view, g.page()), "rw");
     // It takes a commit like any pool page.
     assert_eq!(
-        v.handle(&commit(f.ino(), 1, 4097, g.inode(), 1), ME)
-            .errno(),
+        v.handle(&commit(f.ino(), 1, 4097, g.page(), 1), ME).errno(),
         0
     );
     v.close().unwrap();
@@ -649,18 +648,18 @@ fn deferred_protection_changes_wait_for_the_caller() {
     let free = v.pages().free_pages();
     let g = v.handle_deferred(&Request::Grant { pages: 4 }, ME);
     assert_eq!(g.errno(), 0);
-    assert_eq!(perms(&view, g.inode()), "r-", "deferred");
+    assert_eq!(perms(&view, g.page()), "r-", "deferred");
     let changes = v.take_protection_changes();
     assert!(!changes.is_empty());
     let order = v.protection_order();
     let order = order.lock();
     assert_eq!(changes.make(), []);
     drop(order);
-    assert_eq!(perms(&view, g.inode()), "rw");
-    assert_eq!(perms(&view, g.inode() + 3), "rw");
+    assert_eq!(perms(&view, g.page()), "rw");
+    assert_eq!(perms(&view, g.page() + 3), "rw");
     let h = v.handle(&Request::Grant { pages: 4 }, ME);
     assert_eq!(h.errno(), 0);
-    assert_eq!(perms(&view, h.inode()), "rw", "not deferred");
+    assert_eq!(perms(&view, h.page()), "rw", "not deferred");
     assert!(v.take_protection_changes().is_empty());
     // Taken back as after a failed change: free again, and counted
     // neither writable nor read-only, so a batched grant passes the short
@@ -668,7 +667,7 @@ fn deferred_protection_changes_wait_for_the_caller() {
     // writable would be handed out with no change.
     let failed = [Failure {
         client: 0,
-        first: g.inode(),
+        first: g.page(),
         pages: g.value(),
         writable: true,
     }];
@@ -676,12 +675,9 @@ fn deferred_protection_changes_wait_for_the_caller() {
     let r = v.deferred_changes_failed(&failed, &grant, ME, g);
     assert_eq!(r.errno(), libc::EIO);
     assert_eq!(v.pages().free_pages(), free - h.value());
-    assert_eq!(
-        v.pages().lowest_free(u64::MAX),
-        Some((g.inode(), g.value()))
-    );
+    assert_eq!(v.pages().lowest_free(u64::MAX), Some((g.page(), g.value())));
     let again = v.handle(&Request::Grant { pages: 4 }, ME);
-    assert_eq!((again.errno(), again.inode()), (0, h.inode() + h.value()));
+    assert_eq!((again.errno(), again.page()), (0, h.page() + h.value()));
     v.close().unwrap();
 }
 
@@ -695,31 +691,28 @@ fn a_page_whose_change_failed_is_changed_at_the_next_decision() {
     let (view, f, other_view, other) = batched_writer_and_a_client_under_off(&mut v);
     let g = v.handle(&Request::Grant { pages: 4 }, ME);
     assert_eq!(g.errno(), 0);
-    assert_eq!(
-        v.handle(&commit(f.ino(), 0, 1, g.inode(), 1), ME).errno(),
-        0
-    );
+    assert_eq!(v.handle(&commit(f.ino(), 0, 1, g.page(), 1), ME).errno(), 0);
     let_the_batches_expire(&mut v);
-    assert_eq!(perms(&view, g.inode()), "r-");
+    assert_eq!(perms(&view, g.page()), "r-");
     // As if that flip had failed: still writable, and said so.
-    view.protector().unwrap().set(g.inode(), 1, true).unwrap();
+    view.protector().unwrap().set(g.page(), 1, true).unwrap();
     v.protection_failed(&[Failure {
         client: 0,
-        first: g.inode(),
+        first: g.page(),
         pages: 1,
         writable: false,
     }]);
     // Replaced, freed, and granted to the other client.
     assert_eq!(
-        v.handle(&commit(f.ino(), 0, 1, g.inode() + 1, 1), ME)
+        v.handle(&commit(f.ino(), 0, 1, g.page() + 1, 1), ME)
             .errno(),
         0
     );
     v.reclaim_now();
     let o = v.handle(&Request::Grant { pages: 1 }, other);
-    assert_eq!((o.errno(), o.inode()), (0, g.inode()));
-    assert_eq!(perms(&view, g.inode()), "r-");
-    assert_eq!(perms(&other_view, g.inode()), "rw");
+    assert_eq!((o.errno(), o.page()), (0, g.page()));
+    assert_eq!(perms(&view, g.page()), "r-");
+    assert_eq!(perms(&other_view, g.page()), "rw");
     v.close().unwrap();
 }
 
@@ -764,7 +757,7 @@ fn a_grant_among_scattered_free_pages_hands_out_several_runs() {
     for p in (0..64).step_by(2) {
         let unpool = Request::Unpool {
             slot: ME.slot,
-            start: g.inode() + p,
+            start: g.page() + p,
             pages: 1,
         };
         assert_eq!(v.handle(&unpool, ME).errno(), 0);
@@ -773,7 +766,7 @@ fn a_grant_among_scattered_free_pages_hands_out_several_runs() {
     assert_eq!(r.errno(), 0);
     let runs: Vec<(u64, u64)> = r.granted().collect();
     let singles: Vec<(u64, u64)> = (0..=kucofs_common::proto::GRANT_RUNS as u64)
-        .map(|i| (g.inode() + 2 * i, 1))
+        .map(|i| (g.page() + 2 * i, 1))
         .collect();
     assert_eq!(runs, singles);
     // A page of the last run is the caller's to commit.
@@ -790,7 +783,7 @@ fn a_grant_among_scattered_free_pages_hands_out_several_runs() {
 fn a_commit_of_pages_past_the_size_it_names_is_refused() {
     let (_dir, path, mut v) = volume();
     let (f, g) = a_file_and_a_grant(&mut v, 1);
-    let commit = |first, size| commit(f.ino(), first, size, g.inode(), 1);
+    let commit = |first, size| commit(f.ino(), first, size, g.page(), 1);
     // Page 100 starts at byte 409,600: a size of 1 does not reach it.
     assert_eq!(v.handle(&commit(100, 1), ME).errno(), libc::EINVAL);
     assert_eq!(v.handle(&commit(100, 100 * 4096), ME).errno(), libc::EINVAL);
@@ -807,21 +800,21 @@ fn a_warmer_finds_the_entry_a_commit_made() {
     let (_dir, _, mut v) = volume();
     let (f, g) = a_file_and_a_grant(&mut v, 2);
     assert_eq!(
-        v.handle(&commit(f.ino(), 3, 4 * 4096, g.inode() + 1, 1), ME)
+        v.handle(&commit(f.ino(), 3, 4 * 4096, g.page() + 1, 1), ME)
             .errno(),
         0
     );
     let w = v.warmer();
     let e = w.map(f.inode(), 3).unwrap();
     assert_eq!(
-        kucofs_common::index::blockmap::entry_page(v.ns.shm_u64(e.0)),
-        g.inode() + 1
+        kucofs_common::index::blockmap::entry_page(v.ns.shm_u64(e.0)).get(),
+        g.page() + 1
     );
     w.replaced(e);
     assert!(w.map(f.inode(), 1 << 40).is_none());
     // Inode offsets past the index, and one that wraps around.
-    assert!(w.map(1 << 50, 3).is_none());
-    assert!(w.map(u64::MAX - 7, 3).is_none());
+    assert!(w.map(InodeOff::new(1 << 50), 3).is_none());
+    assert!(w.map(InodeOff::new(u64::MAX - 7), 3).is_none());
     // Entries at offsets past the index, unaligned, or holding no page.
     for at in [u64::MAX, 1 << 50, 3, 0] {
         w.replaced(WarmEntry(at));
@@ -833,8 +826,7 @@ fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
     let (_dir, path, mut v) = volume();
     let (f, g) = a_file_and_a_grant(&mut v, 2);
     assert_eq!(
-        v.handle(&commit(f.ino(), 0, 8192, g.inode(), 2), ME)
-            .errno(),
+        v.handle(&commit(f.ino(), 0, 8192, g.page(), 2), ME).errno(),
         0
     );
     let unlink = Request::Unlink {
@@ -1147,7 +1139,7 @@ fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
         v.attach_client(client, view.protector(), mode);
         let g = v.handle(&Request::Grant { pages: 4 }, other_slot);
         assert_eq!((g.errno(), g.value()), (0, 4));
-        assert_eq!(perms(&view, g.inode()), "rw");
+        assert_eq!(perms(&view, g.page()), "rw");
         let unpool = |start, pages| Request::Unpool {
             slot: 1,
             start,
@@ -1156,18 +1148,18 @@ fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
         // Another client cannot give back this client's pool.
         let stranger = Caller { client: 7, ..me };
         assert_eq!(
-            v.handle(&unpool(g.inode(), 2), stranger).errno(),
+            v.handle(&unpool(g.page(), 2), stranger).errno(),
             libc::EINVAL
         );
         let free = v.pages().free_pages();
-        assert_eq!(v.handle(&unpool(g.inode(), 2), me).errno(), 0);
+        assert_eq!(v.handle(&unpool(g.page(), 2), me).errno(), 0);
         assert_eq!(v.pages().free_pages(), free + 2);
-        assert_eq!(perms(&view, g.inode()), after);
+        assert_eq!(perms(&view, g.page()), after);
         // Given back already: refused the second time.
-        assert_eq!(v.handle(&unpool(g.inode(), 2), me).errno(), libc::EINVAL);
+        assert_eq!(v.handle(&unpool(g.page(), 2), me).errno(), libc::EINVAL);
         // The rest of the pool stays the slot's, writable.
-        assert_eq!(perms(&view, g.inode() + 2), "rw");
-        assert_eq!(v.handle(&unpool(g.inode() + 2, 2), me).errno(), 0);
+        assert_eq!(perms(&view, g.page() + 2), "rw");
+        assert_eq!(v.handle(&unpool(g.page() + 2, 2), me).errno(), 0);
     }
     v.close().unwrap();
 }

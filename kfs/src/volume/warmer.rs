@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kucofs_common::index::blockmap::{entry_page, MapReader};
+use kucofs_common::index::InodeOff;
 use kucofs_common::pm::{Shm, Words};
 
 use super::Volume;
@@ -37,7 +38,7 @@ impl Warmer {
     /// leaf's line is prefetched.
     /// Returns where the entry is, for [`Warmer::replaced`]; `None` for a
     /// page the map does not reach.
-    pub fn map(&self, inode: u64, page: u64) -> Option<WarmEntry> {
+    pub fn map(&self, inode: InodeOff, page: u64) -> Option<WarmEntry> {
         let at = MapReader::of_inode(&*self.index, inode).slot(page)?;
         self.index.prefetch(at);
         Some(WarmEntry(at))
@@ -50,9 +51,9 @@ impl Warmer {
         // Relaxed: a hint; Kfs reads the entry again under the lock.
         let e = self.index.load_u64(entry.0, Ordering::Relaxed);
         if e != 0 {
-            self.states.prefetch(entry_page(e));
+            self.states.prefetch(entry_page(e).get());
             if let Some(owners) = &self.owners {
-                owners.prefetch(entry_page(e));
+                owners.prefetch(entry_page(e).get());
             }
         }
     }

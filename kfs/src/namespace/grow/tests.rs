@@ -1,6 +1,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
-use kucofs_common::index::name_hash;
+use kucofs_common::index::{name_hash, BucketTable, Ino, InodeOff};
 use kucofs_common::proto::{Creds, Request};
 
 use super::*;
@@ -22,7 +22,7 @@ fn create(ns: &mut Namespace, path: &str, mode: u32) -> u64 {
         target: b"",
         hint: None,
     };
-    ns.execute(&req, ME).unwrap().unwrap().ino
+    ns.execute(&req, ME).unwrap().unwrap().ino.get()
 }
 
 fn file(ns: &mut Namespace, path: &str) -> u64 {
@@ -42,14 +42,14 @@ fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) {
     ns.execute(&req, ME).unwrap();
 }
 
-fn dir_of(ns: &Namespace, path: &str) -> u64 {
+fn dir_of(ns: &Namespace, path: &str) -> InodeOff {
     ns.reader().resolve(path.as_bytes(), true).unwrap()
 }
 
 /// log2 of the buckets of `dir`'s published table.
-fn bits(ns: &Namespace, dir: u64) -> u32 {
-    let table = ns.arena.get(dir + I_BUCKETS);
-    ns.arena.get(table + B_BITS) as u32
+fn bits(ns: &Namespace, dir: InodeOff) -> u32 {
+    let table = BucketTable::new(ns.arena.get(dir.buckets()));
+    ns.arena.get(table.bits()) as u32
 }
 
 /// A small random-number generator (xorshift), so that runs repeat.
@@ -69,15 +69,19 @@ impl Rng {
 /// exactly the model's names in key order, Kfs's own scan of the
 /// directory gives them all, the entry count agrees, and fsck finds
 /// nothing wrong.
-fn check(ns: &Namespace, dir: u64, model: &BTreeMap<Vec<u8>, u64>, gone: &[Vec<u8>]) {
+fn check(ns: &Namespace, dir: InodeOff, model: &BTreeMap<Vec<u8>, u64>, gone: &[Vec<u8>]) {
     let r = ns.reader();
     for (name, &ino) in model {
         let found = r.lookup(dir, name);
-        assert_ne!(found, 0, "{:?} not found", String::from_utf8_lossy(name));
-        assert_eq!(r.dirent(found).ino, ino);
+        assert!(
+            !found.is_null(),
+            "{:?} not found",
+            String::from_utf8_lossy(name)
+        );
+        assert_eq!(r.dirent(found).ino.get(), ino);
     }
     for name in gone {
-        assert_eq!(r.lookup(dir, name), 0, "{:?} still found", name);
+        assert!(r.lookup(dir, name).is_null(), "{:?} still found", name);
     }
     let mut keyed: Vec<(u64, &[u8])> = model.keys().map(|n| (name_hash(n), n.as_slice())).collect();
     keyed.sort();
@@ -108,7 +112,7 @@ fn check(ns: &Namespace, dir: u64, model: &BTreeMap<Vec<u8>, u64>, gone: &[Vec<u
     let mut scanned = BTreeMap::new();
     r.for_each_entry(dir, |name, ino| {
         assert!(
-            scanned.insert(name.to_vec(), ino).is_none(),
+            scanned.insert(name.to_vec(), ino.get()).is_none(),
             "scanned twice"
         );
     });
@@ -225,7 +229,7 @@ fn an_add_migrates_at_most_a_step_and_a_doubling_ends_well_before_the_next_is_du
         match ns.doubling(dir) {
             Some((table, next)) => {
                 let b = bits(&ns, dir);
-                assert_eq!(ns.arena.get(table + B_BITS), u64::from(b) + 1);
+                assert_eq!(ns.arena.get(table.bits()), u64::from(b) + 1);
                 assert!(next > 0 && next < 1 << b);
                 // Within a step per add of where it started: a quarter of
                 // the way to the next doubling.
@@ -287,18 +291,18 @@ fn a_doubling_past_its_next_threshold_ends_before_another_starts() {
         add(&mut ns, &mut model);
     }
     assert_eq!(bits(&ns, dir), b + 1);
-    assert_eq!(ns.arena.get(dir + I_BUCKETS), started.0);
+    assert_eq!(ns.arena.get(dir.buckets()), started.0.get());
     check(&ns, dir, &model, &[]);
     // ...and the next add starts the next doubling.
     add(&mut ns, &mut model);
     let (next_table, _) = ns.doubling(dir).unwrap();
-    assert_eq!(ns.arena.get(next_table + B_BITS), u64::from(b) + 2);
+    assert_eq!(ns.arena.get(next_table.bits()), u64::from(b) + 2);
     check(&ns, dir, &model, &[]);
 }
 
 /// A directory half-way through a doubling: `entries` files made, of
 /// which those at every `keep`th index stay (none if `keep` is 0).
-fn growing_dir(ns: &mut Namespace, path: &str, entries: u64, keep: u64) -> u64 {
+fn growing_dir(ns: &mut Namespace, path: &str, entries: u64, keep: u64) -> InodeOff {
     mkdir(ns, path);
     let dir = dir_of(ns, path);
     for i in 0..entries {
@@ -366,7 +370,7 @@ fn a_removed_directory_is_retired_a_step_at_a_time() {
         }
         reclaim_all(ns);
         unlink(ns, "d", true);
-        assert_eq!(ns.reader().inode_by_ino(d), 0);
+        assert!(ns.reader().inode_by_ino(Ino::new(d)).is_null());
         // The removal itself retired none of the sentinels.
         assert!(ns.arena.retired() < 8, "{}", ns.arena.retired());
         let mut steps = 0;
@@ -483,8 +487,8 @@ fn fsck_reports_a_split_bucket_without_its_new_sentinel() {
     // The new table's slot for the upper half of the last split bucket
     // names the lower half's sentinel instead.
     let b = next - 1;
-    let low = ns.arena.get(table + B_SLOTS + 16 * b);
-    ns.arena.put(table + B_SLOTS + 16 * b + 8, low).unwrap();
+    let low = ns.arena.get(table.slot(2 * b));
+    ns.arena.put(table.slot(2 * b + 1), low).unwrap();
     assert_eq!(
         problems(&ns),
         [format!(
