@@ -39,7 +39,11 @@ pub(crate) enum WarmEntry {}
 
 #[cfg(not(feature = "embedded"))]
 impl Warmer {
-    pub(crate) fn map(&self, _inode: u64, _page: u64) -> Option<WarmEntry> {
+    pub(crate) fn map(
+        &self,
+        _inode: kucofs_common::index::InodeOff,
+        _page: u64,
+    ) -> Option<WarmEntry> {
         match *self {}
     }
 
