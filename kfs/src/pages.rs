@@ -117,10 +117,21 @@ impl PageTableAddr {
     #[inline]
     pub fn prefetch(&self, p: u64) {
         if p >= self.first && p < self.end {
-            let at = (p - self.first) as usize * self.size;
+            let at = page_index(p - self.first) * self.size;
             kucofs_common::pm::prefetch(self.base.wrapping_add(at));
         }
     }
+}
+
+/// `i`, a data page's index from the first data page (or a count of data
+/// pages), as an index into (or the length of) a table with one item per
+/// data page.
+// Lossless: the data pages lie in the image, which is mapped whole into
+// the address space, so their count fits a `usize`.
+#[allow(clippy::cast_possible_truncation)]
+#[inline]
+pub fn page_index(i: u64) -> usize {
+    i as usize
 }
 
 /// A table of `n` copies of `item`, one per data page, asked to sit on
@@ -158,7 +169,7 @@ impl Pages {
     ) -> Result<Pages, HeldPagesError> {
         let first = g.data.start;
         let end = g.data.end();
-        let mut state = page_table((end - first) as usize, FREE);
+        let mut state = page_table(page_index(end - first), FREE);
         let (mut n_used, mut n_meta) = (0u64, 0u64);
         for (p, mark) in used
             .into_iter()
@@ -172,7 +183,7 @@ impl Pages {
                     end,
                 });
             }
-            let s = &mut state[(p - first) as usize];
+            let s = &mut state[page_index(p - first)];
             if *s != FREE {
                 return Err(HeldPagesError::Twice { page: p });
             }
@@ -215,11 +226,11 @@ impl Pages {
     }
 
     fn state(&self, p: u64) -> u32 {
-        self.state[(p - self.first) as usize]
+        self.state[page_index(p - self.first)]
     }
 
     fn set(&mut self, p: u64, s: u32) {
-        self.state[(p - self.first) as usize] = s;
+        self.state[page_index(p - self.first)] = s;
     }
 
     /// Pages free now (neither in a file, nor in a pool, nor waiting).
@@ -516,7 +527,7 @@ mod tests {
         let (s, _) = p.grant(next_client, 8, true).unwrap();
         let past = Holder {
             client: 0,
-            slot: SLOTS as u32,
+            slot: u32::try_from(SLOTS).unwrap(),
         };
         assert_eq!(p.take(past, &[s]), Err(Errno::EINVAL));
         assert_eq!(p.grant(past, 8, true), Err(Errno::EINVAL));
@@ -555,7 +566,7 @@ mod tests {
         assert_eq!(p.unpool(A, s, 0), Err(Errno::EINVAL));
         let past = Holder {
             client: 0,
-            slot: SLOTS as u32,
+            slot: u32::try_from(SLOTS).unwrap(),
         };
         assert_eq!(p.unpool(past, s, 1), Err(Errno::EINVAL));
         assert_eq!(p.free_pages(), 0);

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use kucofs_common::format::meta::{batch_writes, BatchWrite, RecordFault};
 use kucofs_common::format::{
-    find_damage, scan_log_with, Geometry, Lap, LogDamage, LogEnd, Superblock, PAGE_SIZE,
+    find_damage, scan_log_with, Geometry, Lap, LogDamage, LogEnd, Superblock, PAGE_LEN, PAGE_SIZE,
 };
 use kucofs_common::pm::Persist;
 use kucofs_common::Errno;
@@ -238,12 +238,14 @@ impl Overlay {
                 while done < len {
                     let off = at + done;
                     let page = off / PAGE_SIZE;
-                    let in_page = (off % PAGE_SIZE) as usize;
-                    let n = (len - done).min(PAGE_SIZE - in_page as u64) as usize;
+                    let in_page = offset_in_page(off);
+                    // The rest of the page, or of the write if it ends first.
+                    let n =
+                        (PAGE_LEN - in_page).min(usize::try_from(len - done).unwrap_or(usize::MAX));
                     let p = match o.pages.entry(page) {
                         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                         std::collections::hash_map::Entry::Vacant(e) => {
-                            let mut buf = vec![0u8; PAGE_SIZE as usize].into_boxed_slice();
+                            let mut buf = vec![0u8; PAGE_LEN].into_boxed_slice();
                             if !read(page * PAGE_SIZE, &mut buf) {
                                 return Err(RecoveryError::PageOutsideImage { page });
                             }
@@ -251,8 +253,10 @@ impl Overlay {
                         }
                     };
                     match w {
-                        BatchWrite::Bytes(_, b) => p[in_page..in_page + n]
-                            .copy_from_slice(&b[done as usize..done as usize + n]),
+                        BatchWrite::Bytes(_, b) => {
+                            let from = usize::try_from(done).expect("below the bytes' length");
+                            p[in_page..in_page + n].copy_from_slice(&b[from..from + n]);
+                        }
                         BatchWrite::Zero(..) => p[in_page..in_page + n].fill(0),
                     }
                     done += n as u64;
@@ -272,20 +276,26 @@ impl Overlay {
         if self.pages.is_empty() {
             return true;
         }
-        let end = off + buf.len() as u64;
-        let mut page = off / PAGE_SIZE;
-        while page * PAGE_SIZE < end {
-            if let Some(p) = self.pages.get(&page) {
-                let from = (page * PAGE_SIZE).max(off);
-                let to = ((page + 1) * PAGE_SIZE).min(end);
-                buf[(from - off) as usize..(to - off) as usize].copy_from_slice(
-                    &p[(from - page * PAGE_SIZE) as usize..(to - page * PAGE_SIZE) as usize],
-                );
+        // Page by page: each piece of `buf` that an overlay page covers.
+        let mut done = 0;
+        while done < buf.len() {
+            let at = off + done as u64;
+            let in_page = offset_in_page(at);
+            let n = (PAGE_LEN - in_page).min(buf.len() - done);
+            if let Some(p) = self.pages.get(&(at / PAGE_SIZE)) {
+                buf[done..done + n].copy_from_slice(&p[in_page..in_page + n]);
             }
-            page += 1;
+            done += n;
         }
         true
     }
+}
+
+/// Where image byte `off` lies in its page.
+// Lossless: the remainder is below `PAGE_SIZE`.
+#[allow(clippy::cast_possible_truncation)]
+fn offset_in_page(off: u64) -> usize {
+    (off % PAGE_SIZE) as usize
 }
 
 /// Rebuilds the namespace: loads the store through `read` (which must

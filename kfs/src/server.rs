@@ -131,6 +131,8 @@ impl Stats {
         }
         let t0 = Instant::now();
         let r = f();
+        // A request would have to run 584 years to be truncated.
+        #[allow(clippy::cast_possible_truncation)]
         let ns = t0.elapsed().as_nanos() as u64;
         bump(&self.timed[i], 1);
         bump(&self.ns[i], ns);
@@ -151,8 +153,9 @@ impl Stats {
                 let n = self.count[i].load(Ordering::Relaxed);
                 let timed = self.timed[i].load(Ordering::Relaxed).max(1);
                 // Total service time, extrapolated from the timed requests.
-                let ns = self.ns[i].load(Ordering::Relaxed) as u128 * n as u128 / timed as u128;
-                (k, n, ns as u64)
+                let ns = u128::from(self.ns[i].load(Ordering::Relaxed)) * u128::from(n)
+                    / u128::from(timed);
+                (k, n, u64::try_from(ns).unwrap_or(u64::MAX))
             })
             .filter(|&(_, n, _)| n > 0)
             .collect();
@@ -806,9 +809,12 @@ impl Server {
                 while bits != 0 {
                     let slot = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
+                    // Lossless: a slot is below SLOTS.
+                    #[allow(clippy::cast_possible_truncation)]
+                    let slot_no = slot as u32;
                     let caller = Caller {
                         client: *id,
-                        slot: slot as u32,
+                        slot: slot_no,
                         creds: c.creds,
                     };
                     let stats = &self.stats;
@@ -852,12 +858,14 @@ impl Server {
         let now = now_ns();
         let nap = match volume.batch_deadline() {
             _ if growing => Duration::ZERO,
-            Some(d) => {
-                Duration::from_nanos(d.saturating_sub(now).max(0) as u64).min(self.config.sleep)
-            }
+            Some(d) => Duration::from_nanos(d.saturating_sub(now).max(0).cast_unsigned())
+                .min(self.config.sleep),
             None => self.config.sleep,
         };
-        volume.plan_expiry_check(now.saturating_add(nap.as_nanos() as i64));
+        // `nap` is at most the configured sleep; a sleep past an i64 of
+        // nanoseconds (292 years) saturates, as the addition does.
+        let nap_ns = i64::try_from(nap.as_nanos()).unwrap_or(i64::MAX);
+        volume.plan_expiry_check(now.saturating_add(nap_ns));
         nap
     }
 }

@@ -31,7 +31,7 @@ use crate::image::Image;
 use crate::intmap::IntMap;
 use crate::log::Log;
 use crate::namespace::{Namespace, Outcome};
-use crate::pages::Pages;
+use crate::pages::{page_index, Pages};
 use crate::record::Record;
 use crate::recovery::Replayed;
 use crate::store::Loaded;
@@ -381,7 +381,7 @@ impl Volume {
             client,
             protector,
             base: self.pages.first_page(),
-            held: vec![Held::Never; self.pages.total_pages() as usize],
+            held: vec![Held::Never; page_index(self.pages.total_pages())],
         });
         self.data.clients.insert(
             client,

@@ -52,7 +52,7 @@ fn lowest(summary: &[u64], from: usize) -> Option<usize> {
 impl FreeMap {
     /// `len` pages, none of them free.
     pub(super) fn new(len: u64) -> FreeMap {
-        let words = len.div_ceil(64) as usize;
+        let words = super::page_index(len).div_ceil(64);
         let summary = words.div_ceil(64);
         FreeMap {
             words: vec![0; words],
@@ -147,6 +147,7 @@ impl FreeMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pages::page_index;
 
     /// The free pages by a scan of every page.
     fn scan(f: &FreeMap) -> Vec<u64> {
@@ -208,7 +209,7 @@ mod tests {
     fn random_changes_agree_with_a_page_by_page_model() {
         let len = 700;
         let mut f = FreeMap::new(len);
-        let mut model = vec![false; len as usize];
+        let mut model = vec![false; page_index(len)];
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = |m: u64| {
             seed ^= seed << 13;
@@ -221,27 +222,27 @@ mod tests {
             let n = next(len - i).min(next(150)) + 1;
             let on = next(3) != 0;
             f.set(i, n, on);
-            for m in &mut model[i as usize..(i + n) as usize] {
+            for m in &mut model[page_index(i)..page_index(i + n)] {
                 *m = on;
             }
-            let free: Vec<u64> = (0..len).filter(|&p| model[p as usize]).collect();
+            let free: Vec<u64> = (0..len).filter(|&p| model[page_index(p)]).collect();
             assert_eq!(scan(&f), free);
             assert_eq!(f.count(), free.len() as u64);
             assert_eq!(f.lowest(), free.first().copied());
             // The lowest long run, by the model: the first free page of a
             // run that holds a whole free aligned group.
             let long = (0..len / 64)
-                .find(|g| (g * 64..g * 64 + 64).all(|p| model[p as usize]))
+                .find(|g| (g * 64..g * 64 + 64).all(|p| model[page_index(p)]))
                 .map(|g| {
                     let mut s = g * 64;
-                    while s > 0 && model[s as usize - 1] {
+                    while s > 0 && model[page_index(s) - 1] {
                         s -= 1;
                     }
                     s
                 });
             assert_eq!(f.lowest_long(), long);
             let at = next(len);
-            let run = (at..len).take_while(|&p| model[p as usize]).count() as u64;
+            let run = (at..len).take_while(|&p| model[page_index(p)]).count() as u64;
             assert_eq!(f.run_from(at, u64::MAX), run);
             assert_eq!(f.run_from(at, 5), run.min(5));
         }

@@ -76,8 +76,11 @@ impl Volume {
         if (first + n - 1) * PAGE >= new_size {
             return Err(Errno::EINVAL);
         }
+        // At most COMMIT_PAGES_MAX (checked above): lossless.
+        #[allow(clippy::cast_possible_truncation)]
+        let words = n as usize;
         // Most commits are a few pages: no allocation for those.
-        kucofs_common::scratch::with_words(n as usize, |pages| {
+        kucofs_common::scratch::with_words(words, |pages| {
             for (slot, p) in pages.iter_mut().zip(extents.iter_pages()) {
                 *slot = p;
             }

@@ -31,6 +31,7 @@ use parking_lot::Mutex;
 
 use super::{Caller, Volume};
 use crate::namespace::{now_ns, STAMP_LEAD};
+use crate::pages::page_index;
 
 /// How a client's view holds one data page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +65,7 @@ pub(super) struct View {
 
 impl View {
     fn held(&self, page: u64) -> Held {
-        self.held[(page - self.base) as usize]
+        self.held[page_index(page - self.base)]
     }
 
     /// True if every page of `range` is writable here.
@@ -97,12 +98,12 @@ impl View {
             pages,
             what,
         };
-        let held = &mut self.held[(r - self.base) as usize..(q - self.base) as usize];
+        let held = &mut self.held[page_index(r - self.base)..page_index(q - self.base)];
         if writable {
             changes.0.push(change(r, q - r, What::Writable));
             each_run(
                 r..q,
-                |x| held[(x - r) as usize] == Held::Never,
+                |x| held[page_index(x - r)] == Held::Never,
                 |f, k| changes.0.push(change(f, k, What::Populate)),
             );
             held.fill(Held::Writable);
@@ -120,7 +121,7 @@ impl View {
     /// Counts the pages of a change that failed as [`Held::Unknown`].
     fn failed(&mut self, f: &Failure) {
         let (a, b) = (f.first - self.base, f.first + f.pages - self.base);
-        self.held[a as usize..b as usize].fill(Held::Unknown);
+        self.held[page_index(a)..page_index(b)].fill(Held::Unknown);
     }
 }
 
@@ -259,8 +260,17 @@ fn batch_expired(since: i64, now: i64) -> bool {
 /// The time ([`now_ns`]) by which a batch opened at `since` must be
 /// flipped.
 fn batch_deadline(since: i64) -> i64 {
-    since.saturating_add(BATCH_TIME.as_nanos() as i64)
+    since.saturating_add(BATCH_NS)
 }
+
+/// [`BATCH_TIME`] in the nanoseconds of [`now_ns`].
+// Lossless: the bound is a few milliseconds, far inside an `i64` of
+// nanoseconds, which the assertion checks at compile time.
+#[allow(clippy::cast_possible_truncation)]
+const BATCH_NS: i64 = {
+    assert!(BATCH_TIME.as_nanos() < 1 << 62);
+    BATCH_TIME.as_nanos() as i64
+};
 
 /// The protection state that is not any one client's.
 #[derive(Debug, Default)]

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use kucofs_common::format::meta::BatchWrite;
-use kucofs_common::format::PAGE_SIZE;
+use kucofs_common::format::{PAGE_LEN, PAGE_SIZE};
 use kucofs_common::pm::Region;
 use kucofs_common::Errno;
 
@@ -37,7 +37,7 @@ pub(crate) fn apply_batch(
     g: &kucofs_common::format::Geometry,
     batch: &[u8],
 ) -> std::result::Result<(), RecoveryError> {
-    static ZEROS: [u8; PAGE_SIZE as usize] = [0; PAGE_SIZE as usize];
+    static ZEROS: [u8; PAGE_LEN] = [0; PAGE_LEN];
     each_write(g, batch, |w| {
         let done = match w {
             BatchWrite::Bytes(at, b) => region.write_nt(at, b),

@@ -475,7 +475,7 @@ fn let_the_batches_expire(v: &mut Volume) {
 /// The read and write letters ("rw" or "r-") of region page `page` in
 /// `view`, from `/proc/self/maps`.
 fn perms(view: &kucofs_common::pm::RegionView, page: u64) -> String {
-    let addr = view.window_address() + (page * 4096) as usize;
+    let addr = view.window_address() + usize::try_from(page * 4096).unwrap();
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     maps.lines()
         .find_map(|l| {
@@ -532,7 +532,7 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
     let (view, f) = batched_writer(&mut v);
     let g = v.handle(
         &Request::Grant {
-            pages: BATCH_PAGES as u32 + 1,
+            pages: u32::try_from(BATCH_PAGES + 1).unwrap(),
         },
         ME,
     );
@@ -546,7 +546,7 @@ fn a_batch_is_made_read_only_once_it_holds_batch_pages() {
             first,
             (first + n - 1) * 4096 + 1,
             g.page() + first,
-            n as u32,
+            u32::try_from(n).unwrap(),
         );
         assert_eq!(v.handle(&c, ME).errno(), 0);
     };
@@ -1349,7 +1349,7 @@ fn a_retirement_comes_after_a_bounded_number_of_record_writes() {
 /// damaged or hostile image could.
 fn rename_entry_record(path: &std::path::Path, from: &[u8], to: &[u8]) {
     use kucofs_common::format::meta::{encode_entry, slots_per_page, EntryRef, Owner, CELL};
-    use kucofs_common::format::{Superblock, PAGE_SIZE};
+    use kucofs_common::format::{Superblock, PAGE_LEN, PAGE_SIZE};
     use std::os::unix::fs::FileExt;
     assert_eq!(from.len(), to.len());
     let f = std::fs::OpenOptions::new()
@@ -1357,10 +1357,10 @@ fn rename_entry_record(path: &std::path::Path, from: &[u8], to: &[u8]) {
         .write(true)
         .open(path)
         .unwrap();
-    let mut sb = vec![0u8; PAGE_SIZE as usize];
+    let mut sb = vec![0u8; PAGE_LEN];
     f.read_exact_at(&mut sb, 0).unwrap();
     let g = Superblock::decode(&sb).unwrap().geometry;
-    let mut page = vec![0u8; PAGE_SIZE as usize];
+    let mut page = vec![0u8; PAGE_LEN];
     for p in g.data.start..g.data.end() {
         let mut w = [0u8; 8];
         f.read_exact_at(&mut w, g.owner_offset(p)).unwrap();
@@ -1369,7 +1369,7 @@ fn rename_entry_record(path: &std::path::Path, from: &[u8], to: &[u8]) {
         };
         f.read_exact_at(&mut page, p * PAGE_SIZE).unwrap();
         let size = CELL * usize::from(cells);
-        for s in 0..slots_per_page(cells) as usize {
+        for s in 0..usize::try_from(slots_per_page(cells)).unwrap() {
             let b = &page[s * size..(s + 1) * size];
             let Some(e) = EntryRef::decode(b, cells).unwrap() else {
                 continue;
