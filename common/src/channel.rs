@@ -353,6 +353,11 @@ impl Doorbell {
 mod tests {
     use super::*;
 
+    /// The errno [`serve_until`] answers an unlink of `path` with.
+    fn len_errno(path: &[u8]) -> Errno {
+        Errno(i32::try_from(path.len()).expect("test paths are at most 200 bytes"))
+    }
+
     /// A minimal Kfs: answers an unlink with its path's length as the
     /// errno, and every other request with success.
     fn serve_until(seg: &Segment, bell: &Doorbell, stop: &std::sync::atomic::AtomicBool) -> u64 {
@@ -367,7 +372,7 @@ mod tests {
                     let s = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     any |= seg.serve(s, &mut buf, |req| match req {
-                        Ok(Request::Unlink { path, .. }) => Err(Errno(path.len() as i32)),
+                        Ok(Request::Unlink { path, .. }) => Err(len_errno(path)),
                         Ok(_) => Ok(Reply::Done),
                         Err(e) => Err(e),
                     });
@@ -406,7 +411,7 @@ mod tests {
                                 hint: None,
                             };
                             let r = client.call(t, client_bell, &req);
-                            assert_eq!(r, Err(Errno(path.len() as i32)));
+                            assert_eq!(r, Err(len_errno(&path)));
                             if i % 100 == 0 {
                                 // Long enough for Kfs to fall asleep.
                                 std::thread::sleep(Duration::from_millis(5));

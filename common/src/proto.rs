@@ -522,7 +522,9 @@ impl Reply {
         let zero = |r: std::ops::Range<usize>| b[r].iter().all(|&x| x == 0);
         let tag = b[R_TAG];
         if tag == TAG_ERR {
-            let e = u32_at(R_WORD) as i32;
+            // The word holds an `i32`'s bits; the range check below refuses
+            // what reads back negative.
+            let e = u32_at(R_WORD).cast_signed();
             if !(1..=ERRNO_MAX).contains(&e) || !zero(1..R_WORD) || !zero(R_A..REPLY_SIZE) {
                 return Err(Errno::EPROTO);
             }
@@ -733,6 +735,10 @@ impl<'a> Request<'a> {
             }
         };
         let len = out.len();
+        // Strings are at most `STRING_MAX` bytes and commits at most
+        // `EXTENTS_MAX` runs: a body stays under `REQUEST_MAX`, far inside
+        // a `u32`.
+        #[allow(clippy::cast_possible_truncation)]
         let body = (len - HEADER) as u32;
         out[0..2].copy_from_slice(&PROTO_VERSION.to_le_bytes());
         out[2..4].copy_from_slice(&op.to_le_bytes());
@@ -965,6 +971,13 @@ mod tests {
         )
     }
 
+    /// The low half of `x`, to draw a `u32` from a drawn `u64`.
+    // Dropping the high half is the point.
+    #[allow(clippy::cast_possible_truncation)]
+    fn low32(x: u64) -> u32 {
+        x as u32
+    }
+
     proptest! {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
@@ -989,7 +1002,7 @@ mod tests {
                     Request::Commit { ino: x, first: y, size: x ^ y, extents }
                 }
                 9 => Request::Truncate { ino: x, size: y },
-                10 => Request::Unpool { slot: mode, start: x, pages: y as u32 },
+                10 => Request::Unpool { slot: mode, start: x, pages: low32(y) },
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();
