@@ -353,6 +353,14 @@ impl Doorbell {
 mod tests {
     use super::*;
 
+    /// The errno [`serve_until`] answers an unlink of `path` with.
+    fn len_errno(path: &[u8]) -> Errno {
+        i32::try_from(path.len())
+            .ok()
+            .and_then(Errno::new)
+            .expect("test paths are 1 to 200 bytes")
+    }
+
     /// A minimal Kfs: answers an unlink with its path's length as the
     /// errno, and every other request with success.
     fn serve_until(seg: &Segment, bell: &Doorbell, stop: &std::sync::atomic::AtomicBool) -> u64 {
@@ -367,9 +375,7 @@ mod tests {
                     let s = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     any |= seg.serve(s, &mut buf, |req| match req {
-                        Ok(Request::Unlink { path, .. }) => {
-                            Err(Errno::new(path.len() as i32).unwrap())
-                        }
+                        Ok(Request::Unlink { path, .. }) => Err(len_errno(path)),
                         Ok(_) => Ok(Reply::Done),
                         Err(e) => Err(e),
                     });
@@ -408,7 +414,7 @@ mod tests {
                                 hint: None,
                             };
                             let r = client.call(t, client_bell, &req);
-                            assert_eq!(r, Err(Errno::new(path.len() as i32).unwrap()));
+                            assert_eq!(r, Err(len_errno(&path)));
                             if i % 100 == 0 {
                                 // Long enough for Kfs to fall asleep.
                                 std::thread::sleep(Duration::from_millis(5));

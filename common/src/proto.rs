@@ -520,7 +520,9 @@ impl Reply {
         let zero = |r: std::ops::Range<usize>| b[r].iter().all(|&x| x == 0);
         let tag = b[R_TAG];
         if tag == TAG_ERR {
-            let e = u32_at(R_WORD) as i32;
+            // The word holds an `i32`'s bits; `Errno::new` refuses what
+            // reads back negative.
+            let e = u32_at(R_WORD).cast_signed();
             return match Errno::new(e) {
                 Some(e) if zero(1..R_WORD) && zero(R_A..REPLY_SIZE) => Err(e),
                 _ => Err(Errno::EPROTO),
@@ -731,6 +733,10 @@ impl<'a> Request<'a> {
             }
         };
         let len = out.len();
+        // Strings are at most `STRING_MAX` bytes and commits at most
+        // `EXTENTS_MAX` runs: a body stays under `REQUEST_MAX`, far inside
+        // a `u32`.
+        #[allow(clippy::cast_possible_truncation)]
         let body = (len - HEADER) as u32;
         out[0..2].copy_from_slice(&PROTO_VERSION.to_le_bytes());
         out[2..4].copy_from_slice(&op.to_le_bytes());
@@ -963,6 +969,13 @@ mod tests {
         )
     }
 
+    /// The low half of `x`, to draw a `u32` from a drawn `u64`.
+    // Dropping the high half is the point.
+    #[allow(clippy::cast_possible_truncation)]
+    fn low32(x: u64) -> u32 {
+        x as u32
+    }
+
     proptest! {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
@@ -998,7 +1011,7 @@ mod tests {
                     ino: Ino::new(x),
                     size: y,
                 },
-                10 => Request::Unpool { slot: mode, start: x, pages: y as u32 },
+                10 => Request::Unpool { slot: mode, start: x, pages: low32(y) },
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();

@@ -63,6 +63,15 @@ pub(crate) fn unsupported() -> io::Error {
     )
 }
 
+/// Request slot `slot` (an index into the segment's slots) as the
+/// protocol numbers it.
+// A slot is below `SLOTS` (128): it fits a `u32`.
+#[allow(clippy::cast_possible_truncation)]
+#[inline]
+pub(crate) fn slot_number(slot: usize) -> u32 {
+    slot as u32
+}
+
 /// The most pages a commit applied directly copies under the volume's
 /// lock when it is free (see [`Connection::commit_after`]): the lock is
 /// held meanwhile, so only short copies. A 4 KiB write's copy takes a few
@@ -176,7 +185,7 @@ impl Connection {
         let e = self.embedded.as_ref()?;
         let caller = kucofs_kfs::Caller {
             client: e.client,
-            slot: slot as u32,
+            slot: slot_number(slot),
             creds: self.creds,
         };
         Some((e.direct.as_ref()?, caller))

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use kucofs_common::format::PAGE_LEN;
 use kucofs_common::index::blockmap::{
     entries_unchanged, entry_page, load_entries, runs_are_whole, EntrySource, MapReader, FANOUT,
     MAX_FILE_SIZE, N_SLOTS, PAGE,
@@ -224,16 +225,22 @@ impl Layout {
         (shift << 2) | Self::FOUND | u64::from(confirmed)
     }
 
+    /// The shift a word holds (an arithmetic shift: a negative shift
+    /// stays negative).
+    fn shift(w: u64) -> u64 {
+        (w.cast_signed() >> 2).cast_unsigned()
+    }
+
     /// The shift of a word, if two reads in a row found it.
     fn confirmed(w: u64) -> Option<u64> {
-        (w & Self::CONFIRMED != 0).then_some(((w as i64) >> 2) as u64)
+        (w & Self::CONFIRMED != 0).then_some(Self::shift(w))
     }
 
     /// The word after a read found file page `first` in region page
     /// `page`, the word before being `w`.
     fn after(w: u64, first: u64, page: u64) -> u64 {
         let shift = page.wrapping_sub(first);
-        let same = w != Self::NONE && ((w as i64) >> 2) as u64 == shift;
+        let same = w != Self::NONE && Self::shift(w) == shift;
         Self::word(shift, same)
     }
 }
@@ -251,6 +258,21 @@ fn entry_line(page: u64) -> u64 {
 
 /// Pages a read checks and copies at once.
 const READ_CHUNK: u64 = COMMIT_PAGES_MAX;
+
+// The block map's pages are the format's: `PAGE_LEN` bytes hold one.
+const _: () = assert!(PAGE_LEN as u64 == PAGE);
+
+/// `n` as a `usize`, for a count or offset that every caller bounds by
+/// memory in hand: a buffer's length, a page, [`READ_CHUNK`] entries, the
+/// mapped region.
+// Bounded so, nothing is lost; and KucoFS builds for x86-64 only (see
+// `kucofs_common`), where a `usize` holds any `u64`. No check: reads and
+// writes convert several times per chunk.
+#[allow(clippy::cast_possible_truncation)]
+#[inline(always)]
+fn to_len(n: u64) -> usize {
+    n as usize
+}
 
 impl File {
     /// Opens a file for reading.
@@ -315,7 +337,7 @@ impl File {
         // page more than its length fills. Most reads are a few pages: no
         // allocation (nor a large clear) for those.
         let pages = ((buf.len() as u64).div_ceil(PAGE) + 1).min(READ_CHUNK);
-        kucofs_common::scratch::with_words(pages as usize, |entries| {
+        kucofs_common::scratch::with_words(to_len(pages), |entries| {
             self.read_into(entries, buf, offset)
         })
     }
@@ -341,6 +363,8 @@ impl File {
                         .min(size)
                         .min((first + entries.len() as u64) * PAGE);
                     let n = (end - 1) / PAGE - first + 1;
+                    // What this chunk copies: at most what `buf` has left.
+                    let len = to_len(end - at);
                     // Relaxed: a hint, shared by the threads reading
                     // through this handle.
                     let layout = self.layout.load(Ordering::Relaxed);
@@ -353,7 +377,7 @@ impl File {
                         region.prefetch_range(g + at % PAGE, Layout::PREFETCH);
                     }
                     let map = MapReader::of_inode(mem, self.inode);
-                    let snap = &mut entries[..n as usize];
+                    let snap = &mut entries[..to_len(n)];
                     load_entries(&map, first, snap);
                     if snap[0] != 0 {
                         let next = Layout::after(layout, first, entry_page(snap[0]).get());
@@ -375,7 +399,7 @@ impl File {
                     // not pass. A wrong guess costs one copy.
                     if let Some(g) = guess {
                         let again = mem.load_u64(self.inode.size(), Ordering::Acquire);
-                        let out = &mut buf[done..done + (end - at) as usize];
+                        let out = &mut buf[done..done + len];
                         if region.read(g + at % PAGE, out).is_ok()
                             && again == size
                             && names_run(snap, g / PAGE)
@@ -383,7 +407,7 @@ impl File {
                             && entries_unchanged(&map, first, snap)
                             && map.is_current(self.inode)
                         {
-                            break (end - at) as usize;
+                            break len;
                         }
                     }
                     // The size again, after the entries (Acquire loads, in
@@ -398,13 +422,13 @@ impl File {
                         std::hint::spin_loop();
                         continue;
                     }
-                    let out = &mut buf[done..done + (end - at) as usize];
+                    let out = &mut buf[done..done + len];
                     let whole = copy_pages(region, snap, first, at, out);
                     if entries_unchanged(&map, first, snap) && map.is_current(self.inode) {
                         if !whole {
                             return Err(err(Errno::EIO));
                         }
-                        break (end - at) as usize;
+                        break len;
                     }
                 };
                 if copied == 0 {
@@ -476,7 +500,7 @@ impl File {
             };
             // Fewer pages than asked: this commit covers what they hold.
             let chunk_end = want_end.min((first + extents.pages()) * PAGE);
-            let data = &buf[(at - offset) as usize..(chunk_end - offset) as usize];
+            let data = &buf[to_len(at - offset)..to_len(chunk_end - offset)];
             if let Err(e) = self.write_chunk(slot, &extents, first, at, chunk_end, data) {
                 // Not in the file: the pages serve the next write.
                 fs.untake_pages(slot, &extents);
@@ -487,7 +511,7 @@ impl File {
             }
             at = chunk_end;
         }
-        Ok((at - offset) as usize)
+        Ok(to_len(at - offset))
     }
 
     /// Copies `data` (file bytes `at..end`, starting in file page `first`)
@@ -547,11 +571,11 @@ impl File {
             let fp = first + i as u64;
             let (ps, pe) = (fp * PAGE, fp * PAGE + PAGE);
             let (ds, de) = (at.max(ps), end.min(pe));
-            let src = &data[(ds - at) as usize..(de - at) as usize];
+            let src = &data[to_len(ds - at)..to_len(de - at)];
             if ds == ps && de == pe {
                 pool.write(dst * PAGE, src).map_err(common_err)?;
             } else {
-                self.fill_partial(&pool, dst, fp, (ds - ps) as usize, src)?;
+                self.fill_partial(&pool, dst, fp, to_len(ds - ps), src)?;
             }
         }
         Ok(())
@@ -567,7 +591,7 @@ impl File {
         at: usize,
         src: &[u8],
     ) -> io::Result<()> {
-        let mut page = [0u8; PAGE as usize];
+        let mut page = [0u8; PAGE_LEN];
         self.fs
             .with_index(|r| self.old_page(r.mem(), fp, &mut page))??;
         page[at..at + src.len()].copy_from_slice(src);
@@ -581,10 +605,10 @@ impl File {
         &self,
         mem: &kucofs_common::pm::ShmView,
         fp: u64,
-        page: &mut [u8; PAGE as usize],
+        page: &mut [u8; PAGE_LEN],
     ) -> io::Result<()> {
         let size = mem.load_u64(self.inode.size(), Ordering::Acquire);
-        let old = size.saturating_sub(fp * PAGE).min(PAGE) as usize;
+        let old = to_len(size.saturating_sub(fp * PAGE).min(PAGE));
         let e = MapReader::of_inode(mem, self.inode).entry(fp);
         if old > 0 && e != 0 {
             self.fs
@@ -622,7 +646,7 @@ impl File {
     fn page_address(&self, base: usize, offset: u64) -> io::Result<Option<usize>> {
         self.fs.with_index(|r| {
             let e = MapReader::of_inode(r.mem(), self.inode).entry(offset / PAGE);
-            (e != 0).then(|| base + (entry_page(e).get() * PAGE) as usize)
+            (e != 0).then(|| base + to_len(entry_page(e).byte_offset()))
         })
     }
 
@@ -718,7 +742,7 @@ fn copy_pages(
         if s >= t {
             continue;
         }
-        let dst = &mut out[(s - at) as usize..(t - at) as usize];
+        let dst = &mut out[to_len(s - at)..to_len(t - at)];
         if e == 0 {
             dst.fill(0);
         } else if region
@@ -784,7 +808,8 @@ impl Fs {
     /// Reads a whole file (as `std::fs::read`).
     pub fn read(&self, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
         let f = File::open(self, path)?;
-        let mut out = vec![0u8; f.size() as usize];
+        let size = usize::try_from(f.size()).map_err(|_| err(Errno::EFBIG))?;
+        let mut out = vec![0u8; size];
         let n = f.read_at(&mut out, 0)?;
         out.truncate(n);
         Ok(out)
@@ -841,9 +866,11 @@ mod tests {
 
     /// Page `p` of the test file as written in round `round`: bytes that
     /// differ with the page, the place in it and the round.
+    // The low bits of the page and the place are enough to tell pages apart.
     #[cfg(feature = "embedded")]
+    #[allow(clippy::cast_possible_truncation)]
     fn page_bytes(p: u64, round: u8) -> Vec<u8> {
-        (0..PAGE as usize)
+        (0..PAGE_LEN)
             .map(|i| (p as u8) ^ round ^ (i as u8))
             .collect()
     }
@@ -860,19 +887,16 @@ mod tests {
             .unwrap();
         const PAGES: u64 = 64;
         for p in 0..PAGES {
-            assert_eq!(
-                f.write_at(&page_bytes(p, 0), p * PAGE).unwrap(),
-                PAGE as usize
-            );
+            assert_eq!(f.write_at(&page_bytes(p, 0), p * PAGE).unwrap(), PAGE_LEN);
         }
         // What the prefetch rests on: written front to back on a fresh
         // file system, the file is one run of adjacent pages.
         let shift = page_of(&f, 0).wrapping_sub(0);
         assert!((0..PAGES).all(|p| page_of(&f, p).wrapping_sub(p) == shift));
 
-        let mut buf = vec![0u8; PAGE as usize];
+        let mut buf = vec![0u8; PAGE_LEN];
         let mut read = |p: u64, round: u8| {
-            assert_eq!(f.read_at(&mut buf, p * PAGE).unwrap(), PAGE as usize);
+            assert_eq!(f.read_at(&mut buf, p * PAGE).unwrap(), PAGE_LEN);
             assert!(buf == page_bytes(p, round), "page {p} read wrong");
             Layout::confirmed(f.layout.load(Ordering::Relaxed))
         };

@@ -22,7 +22,7 @@ use kucofs_common::Errno;
 use kucofs_kfs::{ServerConfig, StatsSnapshot};
 use parking_lot::Mutex;
 
-use crate::connection::{Connection, Warmer};
+use crate::connection::{slot_number, Connection, Warmer};
 use crate::dir::ReadDir;
 use crate::metadata::{Metadata, Permissions, StatFs};
 
@@ -256,10 +256,14 @@ impl Inner {
                 }
                 continue;
             };
-            let k = (n - out.pages()).min(end - start);
-            if !out.push(start, k as u32) {
+            // A run's count is a `u32`; a longer take (which no grant of
+            // `POOL_PAGES` makes) takes the most one run holds, and the
+            // caller asks again for the rest.
+            let k = u32::try_from((n - out.pages()).min(end - start)).unwrap_or(u32::MAX);
+            if !out.push(start, k) {
                 break;
             }
+            let k = u64::from(k);
             if start + k == end {
                 pool.pop();
             } else if let Some(top) = pool.last_mut() {
@@ -295,7 +299,7 @@ impl Inner {
                 // come from grants, which are far shorter than `u32::MAX`).
                 let given = u32::try_from(end - start).is_ok_and(|pages| {
                     let req = Request::Unpool {
-                        slot: other as u32,
+                        slot: slot_number(other),
                         start,
                         pages,
                     };

@@ -56,10 +56,9 @@ impl Permissions {
 pub struct Metadata(pub(crate) InodeAttr);
 
 fn time(ns: i64) -> SystemTime {
-    if ns >= 0 {
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    match u64::try_from(ns) {
+        Ok(after) => UNIX_EPOCH + Duration::from_nanos(after),
+        Err(_) => UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs()),
     }
 }
 

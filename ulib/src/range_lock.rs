@@ -413,10 +413,12 @@ mod tests {
                         let start = x % CELLS as u64;
                         let end = start + 1 + (x >> 32) % (CELLS as u64 - start);
                         let _guard = lock.lock(start, end);
-                        for cell in &owners[start as usize..end as usize] {
+                        let cells =
+                            &owners[usize::try_from(start).unwrap()..usize::try_from(end).unwrap()];
+                        for cell in cells {
                             assert_eq!(cell.fetch_add(1, Ordering::Relaxed), 0);
                         }
-                        for cell in &owners[start as usize..end as usize] {
+                        for cell in cells {
                             cell.fetch_sub(1, Ordering::Relaxed);
                         }
                     }

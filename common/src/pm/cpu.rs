@@ -286,6 +286,13 @@ pub fn prefetch(addr: usize) {
 mod tests {
     use super::*;
 
+    /// `len` bytes that repeat only every 256, so a shifted copy shows.
+    // Keeping the low byte of each value is the point.
+    #[allow(clippy::cast_possible_truncation)]
+    fn pattern(len: u32) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
     #[test]
     fn detection_is_stable_and_consistent_with_cpuinfo() {
         let a = FlushInstr::detect();
@@ -306,7 +313,7 @@ mod tests {
 
     #[test]
     fn the_copy_out_copies_every_alignment_and_length() {
-        let src: Vec<u8> = (0..1200u32).map(|i| (i * 7 + 3) as u8).collect();
+        let src = pattern(1200);
         let lens = [
             0, 1, 31, 32, 33, 255, 256, 257, 287, 288, 300, 384, 415, 1000, 1024,
         ];
@@ -347,7 +354,7 @@ mod tests {
 
     #[test]
     fn non_temporal_copy_copies_every_alignment_and_length() {
-        let src: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        let src = pattern(300);
         let avx2 = std::arch::is_x86_feature_detected!("avx2");
         for wide in [false, avx2] {
             for dst_off in 0..33 {

@@ -161,6 +161,9 @@ impl Mapping {
                 all = false;
                 continue;
             }
+            // The chunk ends within `limit`, at most `self.len()`: its
+            // index fits a `usize`.
+            #[allow(clippy::cast_possible_truncation)]
             let c = c as usize;
             if HugeChunks::bit(&h.made, c) {
                 continue;

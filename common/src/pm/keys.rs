@@ -59,7 +59,10 @@ pub fn process_key() -> Option<Key> {
         // key to "loads only".
         let key = unsafe { libc::syscall(libc::SYS_pkey_alloc, 0, PKEY_DISABLE_WRITE) };
         // PKRU holds 16 keys; the kernel never hands out key 0.
-        (1..16).contains(&key).then_some(Key(key as u32))
+        u32::try_from(key)
+            .ok()
+            .filter(|k| (1..16).contains(k))
+            .map(Key)
     })
 }
 

@@ -378,7 +378,8 @@ impl Mapping {
                 self.at(0),
                 self.len,
                 prot,
-                key as libc::c_int,
+                // A protection key is below 16 (see `keys::process_key`).
+                key.cast_signed(),
             )
         };
         if r == 0 {
@@ -537,7 +538,9 @@ impl Mapping {
         use rustix::thread::futex;
         let w = self.word32(offset)?;
         let ts = timeout.map(|d| rustix::time::Timespec {
-            tv_sec: d.as_secs() as i64,
+            // Past `i64::MAX` seconds (some 292 billion years) the wait
+            // is as good as unbounded.
+            tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             tv_nsec: i64::from(d.subsec_nanos()),
         });
         // Waking early, on a changed value or a timeout are all normal

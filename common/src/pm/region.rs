@@ -1009,7 +1009,7 @@ mod tests {
             smaps_field(view.map.addr(), "ProtectionKey:"),
             Some(key.number().to_string())
         );
-        let data: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
+        let data: Vec<u8> = (0..253u8).cycle().take(8192).collect();
         view.pool_writer().write(4096, &data).unwrap();
         view.fence();
         let mut back = vec![0; data.len()];
@@ -1060,7 +1060,7 @@ mod tests {
         p.set(3, 2, true).unwrap();
         assert_eq!(perms(window + 3 * 4096), "rw");
         assert_eq!(perms(read + 3 * 4096), "r-");
-        let data: Vec<u8> = (0..8192).map(|i| (i % 249) as u8).collect();
+        let data: Vec<u8> = (0..249u8).cycle().take(8192).collect();
         view.pool_writer().write(3 * 4096, &data).unwrap();
         view.fence();
         let mut back = vec![0; data.len()];
@@ -1115,7 +1115,7 @@ mod tests {
         assert_eq!(r.map.addr() % crate::pm::HUGE_PAGE, 0);
         let view = r.view().unwrap();
         assert_eq!(view.map.addr() % crate::pm::HUGE_PAGE, 0);
-        let data: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..251u8).cycle().take(3 * 4096 + 100).collect();
         let at = (2 << 20) - 4096;
         r.write(at, &data).unwrap();
         // Not enabled: nothing is asked of the kernel.
