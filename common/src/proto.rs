@@ -7,6 +7,7 @@
 //! checks every field: lengths, names, offsets are never trusted.
 
 use crate::codec::{Reader, Writer};
+use crate::format::PageNo;
 use crate::index::{DirentOff, Ino, InodeOff, PATH_MAX};
 use crate::Errno;
 
@@ -169,7 +170,11 @@ pub enum Request<'a> {
     /// the pool of this client's slot `slot`: a thread whose grant found
     /// no free page takes back the pools other threads of its process
     /// hold idle, instead of failing with `ENOSPC` while they sit unused.
-    Unpool { slot: u32, start: u64, pages: u32 },
+    Unpool {
+        slot: u32,
+        start: PageNo,
+        pages: u32,
+    },
 }
 
 /// Flags of [`Request::Open`].
@@ -189,8 +194,8 @@ pub mod open {
 /// A run of consecutive data pages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Extent {
-    /// First page (a page number in the region).
-    pub start: u64,
+    /// First page.
+    pub start: PageNo,
     /// Pages.
     pub len: u32,
 }
@@ -214,22 +219,25 @@ impl Extents {
     pub const fn new() -> Extents {
         Extents {
             n: 0,
-            runs: [Extent { start: 0, len: 0 }; EXTENTS_MAX],
+            runs: [Extent {
+                start: PageNo::NONE,
+                len: 0,
+            }; EXTENTS_MAX],
         }
     }
 
     /// Appends `len` pages from `start`, merging with the last run when
     /// they continue it; `false` if the list is full or the run would end
     /// past the largest page number.
-    pub fn push(&mut self, start: u64, len: u32) -> bool {
-        if start.checked_add(u64::from(len)).is_none() {
+    pub fn push(&mut self, start: PageNo, len: u32) -> bool {
+        if start.get().checked_add(u64::from(len)).is_none() {
             return false;
         }
         if len == 0 {
             return true;
         }
         if let Some(last) = self.as_slice().last() {
-            if last.start.checked_add(u64::from(last.len)) == Some(start) {
+            if last.start.get().checked_add(u64::from(last.len)) == Some(start.get()) {
                 if let Some(l) = last.len.checked_add(len) {
                     self.runs[self.n as usize - 1].len = l;
                     return true;
@@ -249,7 +257,7 @@ impl Extents {
     pub fn encode(&self, w: &mut Writer<'_>) {
         w.u8(self.n);
         for e in self.as_slice() {
-            w.u64(e.start);
+            w.u64(e.start.get());
             w.u32(e.len);
         }
     }
@@ -265,7 +273,7 @@ impl Extents {
         }
         let mut extents = Extents::new();
         for _ in 0..n {
-            let (start, len) = (r.u64()?, r.u32()?);
+            let (start, len) = (PageNo::new(r.u64()?), r.u32()?);
             if len == 0 || !extents.push(start, len) {
                 return Err(Errno::EPROTO);
             }
@@ -287,10 +295,10 @@ impl Extents {
     }
 
     /// Every page, in order.
-    pub fn iter_pages(&self) -> impl Iterator<Item = u64> + '_ {
+    pub fn iter_pages(&self) -> impl Iterator<Item = PageNo> + '_ {
         self.as_slice()
             .iter()
-            .flat_map(|e| e.start..e.start + u64::from(e.len))
+            .flat_map(|e| (0..u64::from(e.len)).map(|i| e.start.plus(i)))
     }
 }
 
@@ -311,7 +319,7 @@ pub struct Node {
 /// first page in the low 40 bits, the count above.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
-    first: (u64, u64),
+    first: (PageNo, u64),
     /// Packed runs after the first; 0 past the last.
     more: [u64; GRANT_RUNS],
 }
@@ -321,13 +329,14 @@ impl Grant {
     /// for no run, too many, an empty one, or one after the first that
     /// does not pack (a page number of more than 40 bits, a count of more
     /// than 24).
-    pub fn new(runs: &[(u64, u64)]) -> Option<Grant> {
+    pub fn new(runs: &[(PageNo, u64)]) -> Option<Grant> {
         let (&first, rest) = runs.split_first()?;
         if rest.len() > GRANT_RUNS || first.1 == 0 {
             return None;
         }
         let mut more = [0; GRANT_RUNS];
         for (slot, &(page, n)) in more.iter_mut().zip(rest) {
+            let page = page.get();
             if page >> RUN_PAGE_BITS != 0 || n == 0 || n >> (64 - RUN_PAGE_BITS) != 0 {
                 return None;
             }
@@ -337,17 +346,18 @@ impl Grant {
     }
 
     /// The first run: (first page, count).
-    pub fn first(&self) -> (u64, u64) {
+    pub fn first(&self) -> (PageNo, u64) {
         self.first
     }
 
     /// Every run of (first page, count), the first first.
-    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let more = self
-            .more
-            .iter()
-            .take_while(|&&r| r != 0)
-            .map(|&r| (r & ((1 << RUN_PAGE_BITS) - 1), r >> RUN_PAGE_BITS));
+    pub fn runs(&self) -> impl Iterator<Item = (PageNo, u64)> + '_ {
+        let more = self.more.iter().take_while(|&&r| r != 0).map(|&r| {
+            (
+                PageNo::new(r & ((1 << RUN_PAGE_BITS) - 1)),
+                r >> RUN_PAGE_BITS,
+            )
+        });
         std::iter::once(self.first).chain(more)
     }
 
@@ -487,7 +497,7 @@ impl Reply {
                         put(R_B, &n.inode.get().to_le_bytes());
                     }
                     Reply::Grant(g) => {
-                        put(R_A, &g.first.0.to_le_bytes());
+                        put(R_A, &g.first.0.get().to_le_bytes());
                         put(R_B, &g.first.1.to_le_bytes());
                         for (i, r) in g.more.iter().enumerate() {
                             put(R_RUNS + 8 * i, &r.to_le_bytes());
@@ -559,7 +569,13 @@ impl Reply {
                     && more[..listed].iter().all(|&r| r >> RUN_PAGE_BITS != 0)
                     && more[listed..].iter().all(|&r| r == 0)
                     && zero(1..R_A);
-                (Reply::Grant(Grant { first, more }), ok)
+                (
+                    Reply::Grant(Grant {
+                        first: (PageNo::new(first.0), first.1),
+                        more,
+                    }),
+                    ok,
+                )
             }
             ReplyKind::Size => (
                 Reply::Size(u64_at(R_A)),
@@ -727,7 +743,7 @@ impl<'a> Request<'a> {
             }
             Request::Unpool { slot, start, pages } => {
                 w.u32(*slot);
-                w.u64(*start);
+                w.u64(start.get());
                 w.u32(*pages);
                 op::UNPOOL
             }
@@ -820,7 +836,7 @@ impl<'a> Request<'a> {
             },
             op::UNPOOL => Request::Unpool {
                 slot: r.u32()?,
-                start: r.u64()?,
+                start: PageNo::new(r.u64()?),
                 pages: r.u32()?,
             },
             _ => return Err(Errno::EPROTO),
@@ -998,7 +1014,7 @@ mod tests {
                 8 => {
                     let mut extents = Extents::new();
                     for (s, l) in &runs {
-                        extents.push(*s, *l);
+                        extents.push(PageNo::new(*s), *l);
                     }
                     Request::Commit {
                         ino: Ino::new(x),
@@ -1011,7 +1027,11 @@ mod tests {
                     ino: Ino::new(x),
                     size: y,
                 },
-                10 => Request::Unpool { slot: mode, start: x, pages: low32(y) },
+                10 => Request::Unpool {
+                    slot: mode,
+                    start: PageNo::new(x),
+                    pages: low32(y),
+                },
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();
@@ -1058,6 +1078,11 @@ mod tests {
         })
     }
 
+    /// Runs of (first page, count) with typed pages.
+    fn typed(runs: &[(u64, u64)]) -> Vec<(PageNo, u64)> {
+        runs.iter().map(|&(p, n)| (PageNo::new(p), n)).collect()
+    }
+
     fn grant() -> impl Strategy<Value = Grant> {
         (
             (any::<u64>(), 1..u64::MAX),
@@ -1065,7 +1090,7 @@ mod tests {
         )
             .prop_map(|(first, rest)| {
                 let runs: Vec<_> = std::iter::once(first).chain(rest).collect();
-                Grant::new(&runs).unwrap()
+                Grant::new(&typed(&runs)).unwrap()
             })
     }
 
@@ -1206,7 +1231,7 @@ mod tests {
         assert_eq!(
             expect(Request::Unpool {
                 slot: 0,
-                start: 0,
+                start: PageNo::NONE,
                 pages: 1
             }),
             ReplyKind::Done
@@ -1251,9 +1276,9 @@ mod tests {
 
     #[test]
     fn a_grant_carries_its_runs_and_refuses_what_does_not_pack() {
-        let runs = [(100, 5), (7, 1), ((1 << 40) - 1, (1 << 24) - 1), (0, 3)];
+        let runs = typed(&[(100, 5), (7, 1), ((1 << 40) - 1, (1 << 24) - 1), (0, 3)]);
         let g = Grant::new(&runs).unwrap();
-        assert_eq!(g.first(), (100, 5));
+        assert_eq!(g.first(), (PageNo::new(100), 5));
         assert_eq!(g.pages(), 5 + 1 + ((1 << 24) - 1) + 3);
         let back = Reply::decode(&Reply::encode(&Ok(Reply::Grant(g))), ReplyKind::Grant);
         assert_eq!(
@@ -1264,18 +1289,20 @@ mod tests {
             runs
         );
         // One run, of any size: nothing packed.
-        let one = Grant::new(&[(9, 1 << 50)]).unwrap();
-        assert_eq!(one.runs().collect::<Vec<_>>(), [(9, 1 << 50)]);
+        let one = Grant::new(&typed(&[(9, 1 << 50)])).unwrap();
+        assert_eq!(one.runs().collect::<Vec<_>>(), typed(&[(9, 1 << 50)]));
         // Too many runs, none, an empty first, a page past 40 bits, a
         // count past 24 or 0.
-        assert!(Grant::new(&[(1, 1); GRANT_RUNS + 2]).is_none());
-        assert!(Grant::new(&[]).is_none());
-        assert!(Grant::new(&[(1, 0)]).is_none());
-        assert!(Grant::new(&[(1, 1), (1 << 40, 1)]).is_none());
-        assert!(Grant::new(&[(1, 1), (2, 1 << 24)]).is_none());
-        assert!(Grant::new(&[(1, 1), (2, 0)]).is_none());
+        assert!(Grant::new(&typed(&[(1, 1); GRANT_RUNS + 2])).is_none());
+        assert!(Grant::new(&typed(&[])).is_none());
+        assert!(Grant::new(&typed(&[(1, 0)])).is_none());
+        assert!(Grant::new(&typed(&[(1, 1), (1 << 40, 1)])).is_none());
+        assert!(Grant::new(&typed(&[(1, 1), (2, 1 << 24)])).is_none());
+        assert!(Grant::new(&typed(&[(1, 1), (2, 0)])).is_none());
         // On the wire: a run listed after an empty one, or an empty first.
-        let mut b = Reply::encode(&Ok(Reply::Grant(Grant::new(&[(1, 1), (5, 2)]).unwrap())));
+        let mut b = Reply::encode(&Ok(Reply::Grant(
+            Grant::new(&typed(&[(1, 1), (5, 2)])).unwrap(),
+        )));
         b.copy_within(R_RUNS..R_RUNS + 8, R_RUNS + 8);
         b[R_RUNS..R_RUNS + 8].fill(0);
         assert_eq!(Reply::decode(&b, ReplyKind::Grant), Err(Errno::EPROTO));

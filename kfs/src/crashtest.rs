@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kucofs_common::format::PAGE_LEN;
+use kucofs_common::format::{PageNo, PAGE_LEN};
 use kucofs_common::index::blockmap::{entry_page, EntrySource, MapReader, PAGE};
 use kucofs_common::index::{InodeOff, Kind};
 use kucofs_common::pm::{
@@ -928,7 +928,7 @@ fn write(
         let want = u32::try_from(n - pool.len() as u64).unwrap_or(u32::MAX);
         let g = req(v, &Request::Grant { pages: want })?.into_grant()?;
         for (page, count) in g.runs() {
-            pool.extend(page..page + count);
+            pool.extend(page.get()..page.get() + count);
         }
     }
     pool.truncate(usize::try_from(n).expect("no more than the pool's length"));
@@ -952,7 +952,7 @@ fn write(
             .region()
             .write_nt(dest * PAGE, &buf)
             .map_err(|_| Errno::EIO)?;
-        if !extents.push(dest, 1) {
+        if !extents.push(PageNo::new(dest), 1) {
             return Err(Errno::EINVAL);
         }
     }

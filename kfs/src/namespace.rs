@@ -1051,7 +1051,7 @@ impl Namespace {
                 if self.reader().kind(inode) != Some(Kind::File) {
                     return Err(Errno::EINVAL);
                 }
-                let pages: Vec<u64> = extents.iter_pages().collect();
+                let pages: Vec<u64> = extents.iter_pages().map(PageNo::get).collect();
                 self.write_pages(inode, *first, &pages, *size, *time)?;
                 Ok(self.reply_for(inode))
             }

@@ -441,7 +441,7 @@ mod tests {
                 .prop_map(|(ino, first, runs, size, time)| {
                     let mut extents = Extents::new();
                     for (start, len) in runs {
-                        extents.push(start * 1024, len);
+                        extents.push(kucofs_common::format::PageNo::new(start * 1024), len);
                     }
                     Record::Write {
                         ino,
@@ -491,7 +491,7 @@ mod tests {
         assert_eq!(line(unlink(&[b'u'; 23])), 64);
         assert_eq!(line(unlink(&[b'u'; 24])), 65);
         let mut one = Extents::new();
-        one.push(1 << 40, 1);
+        one.push(kucofs_common::format::PageNo::new(1 << 40), 1);
         let write = Record::Write {
             ino: Ino::new(2),
             first: 7,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use kucofs_common::format::PAGE_LEN;
+use kucofs_common::format::{PageNo, PAGE_LEN};
 use kucofs_common::index::blockmap::{
     entries_unchanged, entry_page, load_entries, runs_are_whole, EntrySource, MapReader, FANOUT,
     MAX_FILE_SIZE, N_SLOTS, PAGE,
@@ -573,7 +573,7 @@ impl File {
             let (ds, de) = (at.max(ps), end.min(pe));
             let src = &data[to_len(ds - at)..to_len(de - at)];
             if ds == ps && de == pe {
-                pool.write(dst * PAGE, src).map_err(common_err)?;
+                pool.write(dst.byte_offset(), src).map_err(common_err)?;
             } else {
                 self.fill_partial(&pool, dst, fp, to_len(ds - ps), src)?;
             }
@@ -586,7 +586,7 @@ impl File {
     fn fill_partial(
         &self,
         pool: &PoolWriter<'_>,
-        dst: u64,
+        dst: PageNo,
         fp: u64,
         at: usize,
         src: &[u8],
@@ -595,7 +595,7 @@ impl File {
         self.fs
             .with_index(|r| self.old_page(r.mem(), fp, &mut page))??;
         page[at..at + src.len()].copy_from_slice(src);
-        pool.write(dst * PAGE, &page).map_err(common_err)
+        pool.write(dst.byte_offset(), &page).map_err(common_err)
     }
 
     /// Copies file page `fp` into `page`: its bytes inside the file (past

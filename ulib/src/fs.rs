@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::channel::SLOTS;
-use kucofs_common::format::Geometry;
+use kucofs_common::format::{Geometry, PageNo};
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Ino, Kind, NAME_MAX};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
@@ -232,7 +232,7 @@ impl Inner {
                     Ok(g) => {
                         // The first run on top: taken first.
                         let below = pool.len();
-                        pool.extend(g.runs().map(|(s, n)| (s, s + n)));
+                        pool.extend(g.runs().map(|(s, n)| (s.get(), s.get() + n)));
                         pool[below..].reverse();
                     }
                     // No page free: the pools of this process's other
@@ -260,7 +260,7 @@ impl Inner {
             // `POOL_PAGES` makes) takes the most one run holds, and the
             // caller asks again for the rest.
             let k = u32::try_from((n - out.pages()).min(end - start)).unwrap_or(u32::MAX);
-            if !out.push(start, k) {
+            if !out.push(PageNo::new(start), k) {
                 break;
             }
             let k = u64::from(k);
@@ -300,7 +300,7 @@ impl Inner {
                 let given = u32::try_from(end - start).is_ok_and(|pages| {
                     let req = Request::Unpool {
                         slot: slot_number(other),
-                        start,
+                        start: PageNo::new(start),
                         pages,
                     };
                     self.call_as(slot, &req).is_ok()
@@ -322,7 +322,7 @@ impl Inner {
     pub(crate) fn untake_pages(&self, slot: usize, pages: &Extents) {
         let mut pool = self.pools[slot].lock();
         for e in pages.as_slice().iter().rev() {
-            pool.push((e.start, e.start + u64::from(e.len)));
+            pool.push((e.start.get(), e.start.get() + u64::from(e.len)));
         }
     }
 
@@ -946,8 +946,8 @@ pub(crate) mod tests {
         let second = inner.take_pages(slot, 2).unwrap();
         inner.untake_pages(slot, &second);
         inner.untake_pages(slot, &first);
-        let again: Vec<u64> = inner.take_pages(slot, 6).unwrap().iter_pages().collect();
-        let before: Vec<u64> = first.iter_pages().chain(second.iter_pages()).collect();
+        let again: Vec<PageNo> = inner.take_pages(slot, 6).unwrap().iter_pages().collect();
+        let before: Vec<PageNo> = first.iter_pages().chain(second.iter_pages()).collect();
         assert_eq!(again[..5], before[..]);
         // The sixth is the pool's next page, not one taken before.
         assert!(!before.contains(&again[5]));

@@ -82,7 +82,7 @@ impl Volume {
         // Most commits are a few pages: no allocation for those.
         kucofs_common::scratch::with_words(words, |pages| {
             for (slot, p) in pages.iter_mut().zip(extents.iter_pages()) {
-                *slot = p;
+                *slot = p.get();
             }
             let pages = &*pages;
             let h = holder(caller);

@@ -3,6 +3,7 @@
 //! made writable in the client's view, and the idle pool pages a thread
 //! gives back.
 
+use kucofs_common::format::PageNo;
 use kucofs_common::index::blockmap::PAGE;
 use kucofs_common::pm::Protection;
 use kucofs_common::proto::{Grant, Reply, GRANT_RUNS};
@@ -96,6 +97,7 @@ impl Volume {
             count += 1;
             total += g.1;
         }
+        let granted = runs.map(|(s, n)| (PageNo::new(s), n));
         let runs = &runs[..count];
         let changes = &mut self.protection.changes;
         for (&id, c) in self.data.clients.iter_mut() {
@@ -106,7 +108,9 @@ impl Volume {
                 v.set(s, n, id == caller.client, changes);
             }
         }
-        let reply = Grant::new(runs).map(Reply::Grant).ok_or(Errno::EIO);
+        let reply = Grant::new(&granted[..count])
+            .map(Reply::Grant)
+            .ok_or(Errno::EIO);
         if self.settle_protection().is_err() || reply.is_err() {
             for &(s, n) in runs {
                 self.undo_grant(caller, s, n);
@@ -124,10 +128,11 @@ impl Volume {
     pub(super) fn unpool(
         &mut self,
         slot: u32,
-        start: u64,
+        start: PageNo,
         pages: u32,
         caller: Caller,
     ) -> Result<Reply, Errno> {
+        let start = start.get();
         let h = Holder {
             client: caller.client,
             slot,

@@ -325,7 +325,7 @@ impl Volume {
             Protection::Strict => {
                 for e in extents.as_slice() {
                     v.set(
-                        e.start,
+                        e.start.get(),
                         u64::from(e.len),
                         false,
                         &mut self.protection.changes,
@@ -340,7 +340,7 @@ impl Volume {
                         batch_deadline(pend.since) < self.protection.expiry_check_at;
                 }
                 for e in extents.as_slice() {
-                    let (s, l) = (e.start, u64::from(e.len));
+                    let (s, l) = (e.start.get(), u64::from(e.len));
                     match pend.runs.last_mut() {
                         Some(last) if last.0 + last.1 == s => last.1 += l,
                         _ => pend.runs.push((s, l)),
@@ -456,7 +456,7 @@ impl Volume {
         // one asking: nothing took from the grant since. Every run of it
         // goes back: the caller, told EIO, learns of none.
         for (start, n) in grant.runs() {
-            self.undo_grant(caller, start, n);
+            self.undo_grant(caller, start.get(), n);
         }
         Err(Errno::EIO)
     }

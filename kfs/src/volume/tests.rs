@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 
+use kucofs_common::format::PageNo;
 use kucofs_common::index::blockmap::PAGE;
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::Recorder;
@@ -38,7 +39,8 @@ impl Fields for Answer {
             .map_or(InodeOff::NULL, |n| n.inode)
     }
     fn page(&self) -> u64 {
-        self.and_then(Reply::into_grant).map_or(0, |g| g.first().0)
+        self.and_then(Reply::into_grant)
+            .map_or(0, |g| g.first().0.get())
     }
     fn value(&self) -> u64 {
         match *self {
@@ -49,9 +51,9 @@ impl Fields for Answer {
         }
     }
     fn granted(&self) -> std::vec::IntoIter<(u64, u64)> {
-        let runs: Vec<_> = self
-            .and_then(Reply::into_grant)
-            .map_or(Vec::new(), |g| g.runs().collect());
+        let runs: Vec<_> = self.and_then(Reply::into_grant).map_or(Vec::new(), |g| {
+            g.runs().map(|(s, n)| (s.get(), n)).collect()
+        });
         runs.into_iter()
     }
 }
@@ -113,7 +115,7 @@ fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Answer {
 /// from `first`, naming size `size`.
 fn commit(ino: Ino, first: u64, size: u64, start: u64, len: u32) -> Request<'static> {
     let mut extents = kucofs_common::proto::Extents::new();
-    extents.push(start, len);
+    extents.push(PageNo::new(start), len);
     Request::Commit {
         ino,
         first,
@@ -780,7 +782,7 @@ fn a_grant_among_scattered_free_pages_hands_out_several_runs() {
     for p in (0..64).step_by(2) {
         let unpool = Request::Unpool {
             slot: ME.slot,
-            start: g.page() + p,
+            start: PageNo::new(g.page() + p),
             pages: 1,
         };
         assert_eq!(v.handle(&unpool, ME).errno(), 0);
@@ -1165,7 +1167,7 @@ fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
         assert_eq!(perms(&view, g.page()), "rw");
         let unpool = |start, pages| Request::Unpool {
             slot: 1,
-            start,
+            start: PageNo::new(start),
             pages,
         };
         // Another client cannot give back this client's pool.
