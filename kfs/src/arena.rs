@@ -56,6 +56,8 @@ fn class_size(class: u16) -> u64 {
     }
 }
 
+// A size of at most 512 bytes has a class under 32, which a `u16` holds.
+#[allow(clippy::cast_possible_truncation)]
 fn class_for(size: u64) -> Option<u16> {
     if size <= 512 {
         Some((size.max(1).div_ceil(16) - 1) as u16)

@@ -295,13 +295,13 @@ fn check_list(
         x = link_node(l);
     }
     let table = BucketTable::new(ns.arena().get(dir.buckets()));
-    let bits = ns.arena().get(table.bits()) as u32;
-    if !r.is_live(table.get(), TAG_BUCKETS, None)
-        || !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits)
-    {
+    let bits = u32::try_from(ns.arena().get(table.bits()))
+        .ok()
+        .filter(|b| (BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(b));
+    let Some(bits) = bits.filter(|_| r.is_live(table.get(), TAG_BUCKETS, None)) else {
         p.push(format!("directory {dir_ino}: no valid bucket table"));
         return true;
-    }
+    };
     let doubling = ns.doubling(dir);
     let migrated = doubling.map_or(0, |(_, m)| m);
     if sentinels != (1 << bits) - 1 + migrated {

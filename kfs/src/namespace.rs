@@ -129,7 +129,7 @@ impl Drop for Namespace {
 pub fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
 /// How far a stamp may run ahead of the coarse clock (and so of the
@@ -420,7 +420,7 @@ impl Namespace {
         a.put32(inode.uid(), uid)?;
         a.put32(inode.gid(), gid)?;
         for at in [inode.atime(), inode.mtime(), inode.ctime(), inode.btime()] {
-            a.put(at, time as u64)?;
+            a.put(at, time.cast_unsigned())?;
         }
         match Kind::from_mode(mode) {
             Some(Kind::Dir) => {
@@ -467,7 +467,7 @@ impl Namespace {
         let n = self.nlink(inode).saturating_add_signed(delta);
         self.update(inode, |a| {
             a.put32(inode.nlink(), n)?;
-            a.put(inode.ctime(), time as u64)
+            a.put(inode.ctime(), time.cast_unsigned())
         })?;
         Ok(n)
     }
@@ -487,8 +487,8 @@ impl Namespace {
         self.update(dir, |a| {
             a.put(dir.entries(), count.saturating_add_signed(entries))?;
             a.put32(dir.nlink(), nlink.saturating_add_signed(subdirs))?;
-            a.put(dir.mtime(), time as u64)?;
-            a.put(dir.ctime(), time as u64)
+            a.put(dir.mtime(), time.cast_unsigned())?;
+            a.put(dir.ctime(), time.cast_unsigned())
         })?;
         if entries > 0 {
             self.maybe_grow(dir)?;
@@ -1027,12 +1027,12 @@ impl Namespace {
                         a.put32(inode.gid(), g)?;
                     }
                     if let Some(t) = attrs.atime {
-                        a.put(inode.atime(), t as u64)?;
+                        a.put(inode.atime(), t.cast_unsigned())?;
                     }
                     if let Some(t) = attrs.mtime {
-                        a.put(inode.mtime(), t as u64)?;
+                        a.put(inode.mtime(), t.cast_unsigned())?;
                     }
-                    a.put(inode.ctime(), *time as u64)
+                    a.put(inode.ctime(), time.cast_unsigned())
                 })?;
                 Ok(self.reply_for(inode))
             }
@@ -1117,7 +1117,7 @@ impl Namespace {
         if is_dir && sdir != ddir {
             self.update(inode, |a| a.put(inode.parent(), ddir.get()))?;
         }
-        self.update(inode, |a| a.put(inode.ctime(), time as u64))?;
+        self.update(inode, |a| a.put(inode.ctime(), time.cast_unsigned()))?;
         if !victim.is_null() {
             let victim_dir = self.reader().kind(victim) == Some(Kind::Dir);
             if victim_dir {
@@ -1153,10 +1153,10 @@ impl Namespace {
             x.put32(inode.uid(), a.uid)?;
             x.put32(inode.gid(), a.gid)?;
             x.put(inode.size(), a.size)?;
-            x.put(inode.atime(), a.atime as u64)?;
-            x.put(inode.mtime(), a.mtime as u64)?;
-            x.put(inode.ctime(), a.ctime as u64)?;
-            x.put(inode.btime(), a.btime as u64)
+            x.put(inode.atime(), a.atime.cast_unsigned())?;
+            x.put(inode.mtime(), a.mtime.cast_unsigned())?;
+            x.put(inode.ctime(), a.ctime.cast_unsigned())?;
+            x.put(inode.btime(), a.btime.cast_unsigned())
         })?;
         Ok(inode)
     }
@@ -1176,7 +1176,9 @@ impl Namespace {
         let mut ring = [InodeOff::NULL; AHEAD];
         let end = self.next_ino;
         for ino in ROOT_INO..end + AHEAD as u64 {
-            let slot = ino as usize % AHEAD;
+            // A remainder below `AHEAD`, which any `usize` holds.
+            #[allow(clippy::cast_possible_truncation)]
+            let slot = (ino % AHEAD as u64) as usize;
             let inode = ring[slot];
             ring[slot] = if ino < end {
                 r.inode_by_ino(Ino::new(ino))

@@ -216,7 +216,7 @@ impl<'a> Record<'a> {
                 w.u32(*mode);
                 w.u32(*uid);
                 w.u32(*gid);
-                w.u64(*time as u64);
+                w.u64(time.cast_unsigned());
                 w.bytes16(target)?;
             }
             Record::Link {
@@ -234,7 +234,7 @@ impl<'a> Record<'a> {
                 w.u64(parent.get());
                 w.bytes8(name)?;
                 w.u64(ino.get());
-                w.u64(*time as u64);
+                w.u64(time.cast_unsigned());
             }
             Record::Rename {
                 src_parent,
@@ -249,12 +249,12 @@ impl<'a> Record<'a> {
                 w.u64(dst_parent.get());
                 w.bytes8(dst_name)?;
                 w.u64(ino.get());
-                w.u64(*time as u64);
+                w.u64(time.cast_unsigned());
             }
             Record::SetAttr { ino, attrs, time } => {
                 w.u64(ino.get());
                 attrs.encode(&mut w);
-                w.u64(*time as u64);
+                w.u64(time.cast_unsigned());
             }
             Record::Write {
                 ino,
@@ -266,13 +266,13 @@ impl<'a> Record<'a> {
                 w.u64(ino.get());
                 w.u64(*first);
                 w.u64(*size);
-                w.u64(*time as u64);
+                w.u64(time.cast_unsigned());
                 extents.encode(&mut w);
             }
             Record::Truncate { ino, size, time } => {
                 w.u64(ino.get());
                 w.u64(*size);
-                w.u64(*time as u64);
+                w.u64(time.cast_unsigned());
             }
         }
         Ok(())
@@ -289,14 +289,14 @@ impl<'a> Record<'a> {
                 mode: r.u32()?,
                 uid: r.u32()?,
                 gid: r.u32()?,
-                time: r.u64()? as i64,
+                time: r.u64()?.cast_signed(),
                 target: Cow::Borrowed(r.bytes16(PATH)?),
             },
             op::LINK | op::UNLINK => {
                 let parent = Ino::new(r.u64()?);
                 let name = Cow::Borrowed(r.bytes8(NAME)?);
                 let ino = Ino::new(r.u64()?);
-                let time = r.u64()? as i64;
+                let time = r.u64()?.cast_signed();
                 if op == op::LINK {
                     Record::Link {
                         parent,
@@ -319,24 +319,24 @@ impl<'a> Record<'a> {
                 dst_parent: Ino::new(r.u64()?),
                 dst_name: Cow::Borrowed(r.bytes8(NAME)?),
                 ino: Ino::new(r.u64()?),
-                time: r.u64()? as i64,
+                time: r.u64()?.cast_signed(),
             },
             op::SETATTR => Record::SetAttr {
                 ino: Ino::new(r.u64()?),
                 attrs: SetAttrs::decode(&mut r)?,
-                time: r.u64()? as i64,
+                time: r.u64()?.cast_signed(),
             },
             op::WRITE => Record::Write {
                 ino: Ino::new(r.u64()?),
                 first: r.u64()?,
                 size: r.u64()?,
-                time: r.u64()? as i64,
+                time: r.u64()?.cast_signed(),
                 extents: Extents::decode(&mut r)?,
             },
             op::TRUNCATE => Record::Truncate {
                 ino: Ino::new(r.u64()?),
                 size: r.u64()?,
-                time: r.u64()? as i64,
+                time: r.u64()?.cast_signed(),
             },
             _ => return Err(Errno::EPROTO),
         };

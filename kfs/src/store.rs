@@ -26,8 +26,8 @@ use kucofs_common::format::meta::{
     OWNER_FILE_PAGE_MAX, OWNER_INO_MAX,
 };
 use kucofs_common::format::PageNo;
-use kucofs_common::format::{Area, Geometry, OWNERS_PER_PAGE, OWNER_SIZE, PAGE_SIZE};
-use kucofs_common::index::layout::TAG_DIRENT;
+use kucofs_common::format::{Area, Geometry, OWNERS_PER_PAGE, OWNER_SIZE, PAGE_LEN, PAGE_SIZE};
+use kucofs_common::index::layout::{shape_kind, TAG_DIRENT};
 use kucofs_common::index::{DirentOff, Ino, InodeOff, Kind, NAME_MAX};
 use kucofs_common::Errno;
 
@@ -75,6 +75,26 @@ const WRITE: u64 = BATCH_WRITE_HEAD as u64;
 /// run of lines at a time. A new store page counts as two writes, its
 /// clearing and its owner entry.)
 pub const RETIRE_WRITES: u64 = 4096;
+
+/// An index into, or a length of, one of the store's tables in memory.
+// Each table holds a word or more for every data page, owner-table page,
+// inode page or inode of an image that is mapped and indexed in memory,
+// so every count and index among them fits the address space, and a
+// `usize`.
+#[allow(clippy::cast_possible_truncation)]
+#[inline(always)]
+fn ix(n: u64) -> usize {
+    n as usize
+}
+
+/// A length of at most a page (a page, an inode record, an entry slot) as
+/// the `u32` length of a batch write.
+// At most `PAGE_LEN`, which a `u32` holds.
+#[allow(clippy::cast_possible_truncation)]
+const fn write_len(n: usize) -> u32 {
+    debug_assert!(n <= PAGE_LEN);
+    n as u32
+}
 
 /// Where a directory entry's record lies: its page and slot, as the
 /// index's entries carry it ([`DirentOff::slot`]).
@@ -252,9 +272,9 @@ impl Store {
             enabled: true,
             data: Some(g.data),
             owners_at: g.owners.offset(),
-            owners: crate::pages::page_table(g.data.pages as usize, 0),
-            entry_idx: vec![u32::MAX; g.data.pages as usize],
-            group_lines: vec![0; g.data.pages.div_ceil(OWNERS_PER_PAGE) as usize],
+            owners: crate::pages::page_table(ix(g.data.pages), 0),
+            entry_idx: vec![u32::MAX; ix(g.data.pages)],
+            group_lines: vec![0; ix(g.data.pages.div_ceil(OWNERS_PER_PAGE))],
             classes: (1..=MAX_CELLS)
                 .map(|cells| Class {
                     cells,
@@ -305,7 +325,7 @@ impl Store {
     /// grant that finds no free page: file data may use the last pages,
     /// and then a change that needs a store page is refused.
     pub fn spare_stock(&mut self) -> Vec<u64> {
-        let keep = (self.promised as usize).min(self.stock.len());
+        let keep = ix(self.promised).min(self.stock.len());
         self.stock.split_off(keep)
     }
 
@@ -538,7 +558,7 @@ impl Store {
             return;
         }
         let i = p - data.start;
-        let w = &mut self.owners[i as usize];
+        let w = &mut self.owners[ix(i)];
         if self.loading {
             *w = o;
             return;
@@ -573,14 +593,14 @@ impl Store {
     /// Makes page `p` a store page of `owner`'s, cleared by the batch
     /// before anything is written into it.
     fn use_page(&mut self, p: u64, owner: Owner, batch: &mut BatchWriter) {
-        batch.zero(p * PAGE_SIZE, PAGE_SIZE as u32);
+        batch.zero(p * PAGE_SIZE, write_len(PAGE_LEN));
         self.set_owner(p, owner.encode().unwrap_or(0));
     }
 
     /// Sets data page `p`'s owner entry as read from the image.
     fn load_owner(&mut self, p: u64, o: Owner) {
         if let Some(data) = self.data {
-            self.owners[(p - data.start) as usize] = o.encode().unwrap_or(0);
+            self.owners[ix(p - data.start)] = o.encode().unwrap_or(0);
         }
     }
 
@@ -589,7 +609,7 @@ impl Store {
     pub fn owner(&self, p: u64) -> Option<Owner> {
         let data = self.data?;
         data.contains(p)
-            .then(|| Owner::decode(self.owners[(p - data.start) as usize] & !DIRTY))
+            .then(|| Owner::decode(self.owners[ix(p - data.start)] & !DIRTY))
             .flatten()
     }
 
@@ -610,11 +630,14 @@ impl Store {
             }
             None => {
                 c.pages.push(entry);
-                c.pages.len() as u32 - 1
+                u32::try_from(c.pages.len() - 1).expect(
+                    "fewer than u32::MAX places: `load` refuses more entry pages, and a \
+                     new one holds an entry of the index, which holds far fewer",
+                )
             }
         };
         if let Some(d) = self.data.filter(|d| d.contains(p)) {
-            self.entry_idx[(p - d.start) as usize] = idx;
+            self.entry_idx[ix(p - d.start)] = idx;
         }
         let free = c.per_page() - u64::from(used.count_ones());
         if free > 0 {
@@ -644,7 +667,8 @@ fn inode_record(ns: &Namespace, inode: InodeOff, target_page: u64) -> Option<Ino
     };
     if a.kind() == Some(Kind::Symlink) {
         let target = r.readlink(inode).unwrap_or_default();
-        rec.target_len = target.len() as u16;
+        rec.target_len =
+            u16::try_from(target.len()).expect("readlink gives at most PATH_MAX bytes");
         if target.len() > INLINE_TARGET {
             rec.target_page = target_page;
             rec.target_crc = kucofs_common::checksum::crc32c(&target);
@@ -734,7 +758,7 @@ pub fn retire(
         entry_pages + inode_pages + target_pages
     };
     let mut extra = Vec::new();
-    while (ns.store().stock.len() + extra.len()) < needed as usize {
+    while (ns.store().stock.len() + extra.len()) < ix(needed) {
         match pages.take_meta() {
             Some(p) if reserve(p) => extra.push(p),
             taken => {
@@ -762,7 +786,7 @@ pub fn retire(
             continue;
         };
         let at = p * PAGE_SIZE + s * (CELL as u64) * u64::from(cells);
-        batch.zero(at, (CELL * usize::from(cells)) as u32);
+        batch.zero(at, write_len(CELL * usize::from(cells)));
         out.cleared += 1;
     }
     // Entries made: a slot each, and their records.
@@ -781,7 +805,7 @@ pub fn retire(
         let len = r.name_into(node, &mut name);
         let parent = r.ino(InodeOff::new(ns.shm_u64(node.dir()))).get();
         let ino = ns.shm_u64(node.ino());
-        let kind = (ns.shm_u64(node.shape()) >> 24) as u8;
+        let kind = shape_kind(ns.shm_u64(node.shape()));
         let cells = st.classes[ci].cells;
         let at = page * PAGE_SIZE + slot * (CELL as u64) * u64::from(cells);
         encode_entry(
@@ -803,9 +827,9 @@ pub fn retire(
     let mut dirty = std::mem::take(&mut st.dirty_inos);
     dirty.sort_unstable();
     for &ino in &dirty {
-        st.dirty_ino_bits[(ino / 64) as usize] &= !(1 << (ino % 64));
+        st.dirty_ino_bits[ix(ino / 64)] &= !(1 << (ino % 64));
         let (k, at) = inode_slot(ino);
-        let k = k as usize;
+        let k = ix(k);
         if k >= st.itable.len() {
             st.itable.resize(k + 1, 0);
             st.ilive.resize(k + 1, 0);
@@ -825,7 +849,7 @@ pub fn retire(
                     st.itable[k] = 0;
                 }
                 p => {
-                    batch.zero(p * PAGE_SIZE + at, INODE_RECORD as u32);
+                    batch.zero(p * PAGE_SIZE + at, write_len(INODE_RECORD));
                     out.inodes += 1;
                 }
             }
@@ -861,9 +885,9 @@ pub fn retire(
     // is less.
     let mut groups = std::mem::take(&mut st.dirty_groups);
     groups.sort_unstable();
-    let mut lines = Vec::with_capacity((OWNERS_PER_PAGE / OWNERS_PER_LINE) as usize);
+    let mut lines = Vec::with_capacity(ix(OWNERS_PER_PAGE / OWNERS_PER_LINE));
     for &group in &groups {
-        let mask = std::mem::take(&mut st.group_lines[group as usize]);
+        let mask = std::mem::take(&mut st.group_lines[ix(group)]);
         let first = group * OWNERS_PER_PAGE;
         let end = (first + OWNERS_PER_PAGE).min(st.owners.len() as u64);
         lines.clear();
@@ -874,7 +898,7 @@ pub fn retire(
             m &= m - 1;
             lines.push(line);
             let from = line * OWNERS_PER_LINE;
-            for w in &mut st.owners[from as usize..(from + OWNERS_PER_LINE).min(end) as usize] {
+            for w in &mut st.owners[ix(from)..ix((from + OWNERS_PER_LINE).min(end))] {
                 n += u64::from(*w & DIRTY != 0);
                 *w &= !DIRTY;
             }
@@ -888,9 +912,9 @@ pub fn retire(
             let (from, to) = (from.max(first), to.min(end));
             let buf = batch.put_with(
                 st.owners_at + from * OWNER_SIZE,
-                ((to - from) * OWNER_SIZE) as usize,
+                ix((to - from) * OWNER_SIZE),
             );
-            for o in &st.owners[from as usize..to as usize] {
+            for o in &st.owners[ix(from)..ix(to)] {
                 buf.extend_from_slice(&o.to_le_bytes());
             }
         };
@@ -937,7 +961,7 @@ pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
         let Some(&idx) = st
             .data
             .filter(|d| d.contains(p))
-            .and_then(|d| st.entry_idx.get((p - d.start) as usize))
+            .and_then(|d| st.entry_idx.get(ix(p - d.start)))
             .filter(|&&i| i != u32::MAX)
         else {
             continue;
@@ -968,7 +992,7 @@ pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
         let gone = std::mem::replace(&mut ep.page, 0);
         c.spare.push(idx);
         if let Some(d) = st.data.filter(|d| d.contains(gone)) {
-            st.entry_idx[(gone - d.start) as usize] = u32::MAX;
+            st.entry_idx[ix(gone - d.start)] = u32::MAX;
         }
         st.release(gone);
     }
@@ -980,7 +1004,7 @@ pub fn retired(ns: &mut Namespace, pages: &mut Pages) {
     let (ready, later): (Vec<u64>, Vec<u64>) = st
         .released
         .drain(..)
-        .partition(|&p| data.is_some_and(|d| owners[(p - d.start) as usize] == 0));
+        .partition(|&p| data.is_some_and(|d| owners[ix(p - d.start)] == 0));
     st.released = later;
     for p in ready {
         pages.release_meta(p);

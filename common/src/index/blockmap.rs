@@ -393,7 +393,8 @@ mod tests {
             // sees every intermediate state either as the old one, the new
             // one, or refuses it.
             for s in &all {
-                let window = &s[first.saturating_sub(1) as usize..(first + n + 1) as usize];
+                let lo = usize::try_from(first.saturating_sub(1)).unwrap();
+                let window = &s[lo..usize::try_from(first + n + 1).unwrap()];
                 let new: Vec<PageNo> = s.iter().map(|e| entry_page(*e)).collect();
                 let whole = runs_are_whole(window);
                 let is_old = new.iter().zip(before).all(|(a, b)| *a == entry_page(*b));

@@ -100,10 +100,14 @@ pub const fn header(tag: u16, class: u16, gen: u32) -> u64 {
     tag as u64 | (class as u64) << 16 | (gen as u64) << 32
 }
 /// The tag of a header word, with the dead bit.
+// The tag is the word's low 16 bits: dropping the rest is the point.
+#[allow(clippy::cast_possible_truncation)]
 pub const fn header_tag(h: u64) -> u16 {
     h as u16
 }
 /// The size class of a header word.
+// The class is bits 16..32: dropping the generation above is the point.
+#[allow(clippy::cast_possible_truncation)]
 pub const fn header_class(h: u64) -> u16 {
     (h >> 16) as u16
 }
@@ -187,6 +191,13 @@ pub const fn link_node(link: u64) -> DirentOff {
 pub const fn shape(name_len: u16, kind: u8) -> u64 {
     name_len as u64 | (kind as u64) << 24
 }
+/// The kind byte of a dirent's shape word (bits 24..32).
+// Taking the byte's bits, and dropping the zeros above, is the point.
+#[allow(clippy::cast_possible_truncation)]
+#[inline(always)]
+pub const fn shape_kind(shape: u64) -> u8 {
+    (shape >> 24) as u8
+}
 /// Bytes of a dirent with a name of this length.
 pub const fn dirent_size(name_len: usize) -> u64 {
     D_NAME + name_len as u64
@@ -209,6 +220,15 @@ pub const BUCKET_BITS_MAX: u32 = 24;
 /// two, and saves about an eighth of a create's time.
 pub const LOAD: u64 = 1;
 
+/// The log2 bucket count a table's bits word holds.
+// Kfs stores a `u32` of at most `BUCKET_BITS_MAX` there, widened, so the
+// low 32 bits are the whole word; a lock-free reader range-checks the
+// result before trusting it.
+#[allow(clippy::cast_possible_truncation)]
+#[inline(always)]
+pub const fn table_bits(word: u64) -> u32 {
+    word as u32
+}
 /// The bucket of a key hash in a table of `2^bits` buckets.
 pub const fn bucket(hash: u64, bits: u32) -> u64 {
     hash >> (63 - bits)
@@ -467,7 +487,7 @@ mod tests {
             (i.map(), i.version(), i.blocks()),
             (i.data(), i.parent(), i.entries())
         );
-        assert_eq!(InodeOff::SEQ_WORD * 8, I_SEQ as usize);
+        assert_eq!(InodeOff::SEQ_WORD * 8, usize::try_from(I_SEQ).unwrap());
         let d = DirentOff::new(0x2000);
         assert_eq!(d.next(), 0x2000 + D_NEXT);
         assert_eq!(d.name(), 0x2000 + D_NAME);

@@ -231,10 +231,10 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
                 uid: r32(off.uid()),
                 gid: r32(off.gid()),
                 size: r(off.size()),
-                atime: r(off.atime()) as i64,
-                mtime: r(off.mtime()) as i64,
-                ctime: r(off.ctime()) as i64,
-                btime: r(off.btime()) as i64,
+                atime: r(off.atime()).cast_signed(),
+                mtime: r(off.mtime()).cast_signed(),
+                ctime: r(off.ctime()).cast_signed(),
+                btime: r(off.btime()).cast_signed(),
                 entries: r(off.entries()),
             };
             // Orders the field loads above before the re-check of `seq`
@@ -344,7 +344,7 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         if table.is_null() {
             return self.dir_head(dir);
         }
-        let bits = self.mem.load_u64(table.bits(), Ordering::Relaxed) as u32;
+        let bits = table_bits(self.mem.load_u64(table.bits(), Ordering::Relaxed));
         if !(BUCKET_BITS_MIN..=BUCKET_BITS_MAX).contains(&bits) {
             return self.dir_head(dir);
         }
@@ -413,7 +413,7 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
             name: buf[..n].to_vec(),
             inode: self.dirent_inode(off),
             ino: Ino::new(self.mem.load_u64(off.ino(), Ordering::Relaxed)),
-            kind: Kind::from_byte((shape >> 24) as u8).unwrap_or(Kind::File),
+            kind: Kind::from_byte(shape_kind(shape)).unwrap_or(Kind::File),
         }
     }
 
@@ -481,7 +481,7 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
             );
         };
         let table = BucketTable::new(self.mem.load_u64(dir.buckets(), Ordering::Acquire));
-        let bits = self.mem.load_u64(table.bits(), Ordering::Relaxed) as u32;
+        let bits = table_bits(self.mem.load_u64(table.bits(), Ordering::Relaxed));
         let slot = |b: u64| DirentOff::new(self.mem.load_u64(table.slot(b), Ordering::Acquire));
         let buckets = 1u64 << bits.min(BUCKET_BITS_MAX);
         let chained = !table.is_null()
@@ -501,7 +501,9 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         }
         let mut first = 0;
         while first < buckets {
-            let n = (CHAINS as u64).min(buckets - first) as usize;
+            // At most `CHAINS`, which any `usize` holds.
+            #[allow(clippy::cast_possible_truncation)]
+            let n = (buckets - first).min(CHAINS as u64) as usize;
             // Each chain's next node, and where it ends (the next bucket's
             // sentinel, or null for the last bucket); the node is null once
             // the chain reached its end.
@@ -553,8 +555,13 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
         if !self.has_tag(t.get(), TAG_SYMLINK) {
             return None;
         }
-        let len = self.mem.load_u64(t.length(), Ordering::Relaxed) as usize;
-        let mut v = vec![0u8; len.min(super::PATH_MAX)];
+        // Bounded by `PATH_MAX` before the cast, which so loses nothing.
+        #[allow(clippy::cast_possible_truncation)]
+        let len = self
+            .mem
+            .load_u64(t.length(), Ordering::Relaxed)
+            .min(super::PATH_MAX as u64) as usize;
+        let mut v = vec![0u8; len];
         self.mem.read(t.bytes(), &mut v).then_some(v)
     }
 }

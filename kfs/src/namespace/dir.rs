@@ -203,13 +203,18 @@ impl Namespace {
         kind: Kind,
         next: u64,
     ) -> Result<DirentOff, Errno> {
+        // A name is at most `NAME_MAX` (255) bytes: path resolution refuses
+        // a longer one before any entry is made, and an entry copied from
+        // another holds a name that was checked so.
+        #[allow(clippy::cast_possible_truncation)]
+        let name_len = name.len() as u16;
         let a = &mut self.arena;
         let node = DirentOff::new(a.alloc(TAG_DIRENT, dirent_size(name.len()))?);
         a.put(node.hash(), hash)?;
         a.put(node.inode(), inode.get())?;
         a.put(node.ino(), ino.get())?;
         a.put(node.dir(), dir.get())?;
-        a.put(node.shape(), shape(name.len() as u16, kind.to_byte()))?;
+        a.put(node.shape(), shape(name_len, kind.to_byte()))?;
         a.put_bytes(node.name(), name)?;
         a.put(node.next(), next)?;
         self.store.entry_made(node, name.len());

@@ -54,7 +54,7 @@ const _: () = assert!(GROW_STEP * LOAD >= 2);
 
 /// Chains walked in step (each next node prefetched, so that their cache
 /// misses overlap) when a doubling migrates several buckets at once.
-const BATCH: u64 = 32;
+const BATCH: usize = 32;
 
 /// A directory's table doubling under way.
 #[derive(Debug, Clone, Copy)]
@@ -103,7 +103,7 @@ impl Namespace {
             return self.migrate(dir, budget);
         }
         let table = BucketTable::new(self.arena.get(dir.buckets()));
-        let bits = self.arena.get(table.bits()) as u32;
+        let bits = table_bits(self.arena.get(table.bits()));
         let entries = self.arena.get(dir.entries());
         if bits >= BUCKET_BITS_MAX || entries <= LOAD << bits {
             return Ok(());
@@ -214,17 +214,19 @@ impl Namespace {
         end: u64,
     ) -> Result<(), Errno> {
         let old = BucketTable::new(self.arena.get(dir.buckets()));
-        let bits = self.arena.get(old.bits()) as u32;
+        let bits = table_bits(self.arena.get(old.bits()));
         let nb = bits + 1;
         while *done < end {
             let first = *done;
-            let n = BATCH.min(end - first) as usize;
+            // At most `BATCH`, which any `usize` holds.
+            #[allow(clippy::cast_possible_truncation)]
+            let n = (end - first).min(BATCH as u64) as usize;
             let r = self.arena.reader();
             // Each chain's node to link the sentinel after, and that node's
             // link (what the sentinel links to).
-            let mut cur = [DirentOff::NULL; BATCH as usize];
-            let mut next = [0u64; BATCH as usize];
-            let mut placed = [false; BATCH as usize];
+            let mut cur = [DirentOff::NULL; BATCH];
+            let mut next = [0u64; BATCH];
+            let mut placed = [false; BATCH];
             for (b, c) in (first..).zip(&mut cur[..n]) {
                 *c = DirentOff::new(self.arena.get(old.slot(b)));
                 r.mem().prefetch(c.next());

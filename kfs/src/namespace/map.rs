@@ -264,8 +264,8 @@ impl Namespace {
             // Release, after the entries: a reader that sees the new size
             // sees the pages under it.
             a.put(inode.size(), size)?;
-            a.put(inode.mtime(), time as u64)?;
-            a.put(inode.ctime(), time as u64)
+            a.put(inode.mtime(), time.cast_unsigned())?;
+            a.put(inode.ctime(), time.cast_unsigned())
         })
     }
 
@@ -300,8 +300,8 @@ impl Namespace {
         // the grace period).
         self.update(inode, |a| {
             a.put(inode.size(), size)?;
-            a.put(inode.mtime(), time as u64)?;
-            a.put(inode.ctime(), time as u64)
+            a.put(inode.mtime(), time.cast_unsigned())?;
+            a.put(inode.ctime(), time.cast_unsigned())
         })?;
         let mut w = self.map_writer(inode);
         let mut dropped = Vec::new();
@@ -357,7 +357,7 @@ impl Namespace {
     ) -> Result<(), Errno> {
         // `write_pages` refuses a range past the largest file.
         self.write_pages(inode, first, pages, a.size, a.mtime)?;
-        self.update(inode, |x| x.put(inode.ctime(), a.ctime as u64))
+        self.update(inode, |x| x.put(inode.ctime(), a.ctime.cast_unsigned()))
     }
 
     /// Calls `f(file page, data page)` for every page a file holds, in

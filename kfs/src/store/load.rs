@@ -7,13 +7,19 @@
 use kucofs_common::format::meta::{
     slots_per_page, EntryRef, InodeRecord, Owner, CELL, INODES_PER_PAGE, INODE_RECORD,
 };
-use kucofs_common::format::{Geometry, OWNER_SIZE, PAGE_SIZE};
+use kucofs_common::format::{Geometry, OWNER_SIZE, PAGE_LEN, PAGE_SIZE};
 use kucofs_common::index::blockmap::MAX_FILE_SIZE;
 use kucofs_common::index::{check_name, Ino, InodeOff, Kind};
 
 use super::{slot_id, Store, StoreUse};
 use crate::intmap::IntMap;
 use crate::namespace::{LoadedEntry, Namespace, MAX_INODES, ROOT_INO};
+
+/// [`INODES_PER_PAGE`] as a `usize`, for the slots of an inode page.
+const SLOTS: usize = PAGE_LEN / INODE_RECORD;
+const _: () = assert!(SLOTS as u64 == INODES_PER_PAGE);
+// An owner entry is a `u64`.
+const _: () = assert!(OWNER_SIZE == 8);
 
 /// What [`load`] read.
 #[derive(Debug, Default, Clone, Copy)]
@@ -42,16 +48,18 @@ pub fn load(
     let mut st = Store::new(g);
     st.loading = true;
     let mut loaded = Loaded::default();
-    let mut table = vec![0u8; g.owners.len() as usize];
+    let table_len = usize::try_from(g.owners.len())
+        .map_err(|_| "the owner table is larger than the address space".to_string())?;
+    let mut table = vec![0u8; table_len];
     if !read(g.owners.offset(), &mut table) {
         return Err("the owner table is outside the image".into());
     }
     let mut files: Vec<(u64, u64, u64)> = Vec::new();
     let mut entry_pages: Vec<(u64, u8)> = Vec::new();
     let mut targets: IntMap<u64, u64> = IntMap::default();
-    for i in 0..g.data.pages {
-        let at = (i * OWNER_SIZE) as usize;
-        let v = u64::from_le_bytes(table[at..at + 8].try_into().expect("8 bytes"));
+    // A valid geometry's owner table has an entry for every data page.
+    for (i, entry) in (0..g.data.pages).zip(table.chunks_exact(8)) {
+        let v = u64::from_le_bytes(entry.try_into().expect("8 bytes"));
         let p = g.data.start + i;
         let o = Owner::decode(v).ok_or_else(|| {
             format!("data page {p}: owner entry {v:#x} is not one the format allows")
@@ -95,26 +103,28 @@ pub fn load(
     drop(table);
     *ns.store_mut() = st;
     // Inodes, page by page.
-    let mut page = vec![0u8; PAGE_SIZE as usize];
+    let mut page = vec![0u8; PAGE_LEN];
     let itable = ns.store().itable.clone();
-    let mut target = vec![0u8; PAGE_SIZE as usize];
+    let mut target = vec![0u8; PAGE_LEN];
     let mut saw_root = false;
     // Each loaded inode's place in the index, kind and link count, by
     // number, for the entries (a lookup in the index's table would miss
     // the cache twice): a block of 32 for every inode page the store has,
     // so that a damaged table index costs no more than the page itself.
     let mut block_of: Vec<u32> = vec![u32::MAX; itable.len()];
-    let mut blocks: Vec<[Loading; INODES_PER_PAGE as usize]> = Vec::new();
+    let mut blocks: Vec<[Loading; SLOTS]> = Vec::new();
     for (k, &p) in itable.iter().enumerate() {
         if p != 0 {
-            block_of[k] = blocks.len() as u32;
-            blocks.push([Loading::default(); INODES_PER_PAGE as usize]);
+            block_of[k] = u32::try_from(blocks.len())
+                .map_err(|_| "the inode table has too many pages".to_string())?;
+            blocks.push([Loading::default(); SLOTS]);
         }
     }
     let slot_of = |ino: u64| -> Option<(usize, usize)> {
         let k = usize::try_from(ino / INODES_PER_PAGE).ok()?;
         let b = *block_of.get(k)?;
-        (b != u32::MAX).then_some((b as usize, (ino % INODES_PER_PAGE) as usize))
+        let s = usize::try_from(ino % INODES_PER_PAGE).ok()?;
+        (b != u32::MAX).then_some((b as usize, s))
     };
     for (k, &p) in itable.iter().enumerate() {
         if p == 0 {
@@ -125,10 +135,9 @@ pub fn load(
                 "inode page {k} (data page {p}) is outside the image"
             ));
         }
-        for s in 0..INODES_PER_PAGE {
-            let at = (s as usize) * INODE_RECORD;
-            let b: &[u8; INODE_RECORD] = page[at..at + INODE_RECORD].try_into().expect("record");
-            let ino = k as u64 * INODES_PER_PAGE + s;
+        for (s, b) in page.chunks_exact(INODE_RECORD).enumerate() {
+            let b: &[u8; INODE_RECORD] = b.try_into().expect("record");
+            let ino = k as u64 * INODES_PER_PAGE + s as u64;
             let rec =
                 InodeRecord::decode(b).map_err(|e| format!("inode {ino} (data page {p}): {e}"))?;
             let Some(rec) = rec else { continue };
@@ -143,7 +152,7 @@ pub fn load(
                 None => {
                     let tp = rec.target_page;
                     let len = usize::from(rec.target_len);
-                    if targets.get(&ino) != Some(&tp) || len >= PAGE_SIZE as usize {
+                    if targets.get(&ino) != Some(&tp) || len >= PAGE_LEN {
                         return Err(format!(
                             "inode {ino}: its target page {tp} is not one the owner table gives it"
                         ));
@@ -204,7 +213,7 @@ pub fn load(
             let inode = ns
                 .load_inode(&attr, t)
                 .map_err(|e| format!("inode {ino}: {e:?}"))?;
-            blocks[block_of[k] as usize][s as usize] = Loading {
+            blocks[block_of[k] as usize][s] = Loading {
                 inode,
                 kind: kind.to_byte(),
                 nlink: rec.nlink,
@@ -222,9 +231,10 @@ pub fn load(
         let r = ns.reader();
         (0..itable.len() as u64)
             .map(|k| {
-                (0..INODES_PER_PAGE)
+                let n = (0..INODES_PER_PAGE)
                     .filter(|s| !r.inode_by_ino(Ino::new(k * INODES_PER_PAGE + s)).is_null())
-                    .count() as u8
+                    .count();
+                u8::try_from(n).expect("at most INODES_PER_PAGE (32)")
             })
             .collect()
     };
@@ -234,23 +244,32 @@ pub fn load(
     if targets.len() != ns.store().targets.len() {
         return Err("a target page belongs to no symlink".into());
     }
+    // Each entry page's place in its class's list is a `u32`, `u32::MAX`
+    // meaning none.
+    if u32::try_from(entry_pages.len()).is_err() {
+        return Err(format!(
+            "{} entry pages are more than the store can list",
+            entry_pages.len()
+        ));
+    }
     // Entries, page by page: each name checked and its inode looked up
     // in the order the store holds them (which follows the order they
     // were made in, as the inodes' numbers do, so the lookups mostly hit
     // the cache); then sorted by directory and key, and each directory
     // built in one pass.
     let slots: u64 = entry_pages.iter().map(|&(_, c)| slots_per_page(c)).sum();
-    let mut found: Vec<LoadedEntry> = Vec::with_capacity(slots as usize);
-    let mut names: Vec<u8> = Vec::with_capacity(slots as usize * 16);
+    let slots = usize::try_from(slots)
+        .map_err(|_| "the entry pages hold more slots than the address space".to_string())?;
+    let mut found: Vec<LoadedEntry> = Vec::with_capacity(slots);
+    let mut names: Vec<u8> = Vec::with_capacity(slots * 16);
     for &(p, cells) in &entry_pages {
         if !read(p * PAGE_SIZE, &mut page) {
             return Err(format!("entry page {p} is outside the image"));
         }
         let mut used = 0u64;
         let size = CELL * usize::from(cells);
-        for s in 0..slots_per_page(cells) {
-            let at = s as usize * size;
-            let rec = EntryRef::decode(&page[at..at + size], cells)
+        for (s, rec) in (0..slots_per_page(cells)).zip(page.chunks_exact(size)) {
+            let rec = EntryRef::decode(rec, cells)
                 .map_err(|e| format!("entry slot {s} of data page {p}: {e}"))?;
             let Some(rec) = rec else { continue };
             let (parent, name) = (rec.parent, rec.name);
@@ -293,7 +312,7 @@ pub fn load(
                 inode,
                 slot: slot_id(p, s),
                 name_at,
-                name_len: name.len() as u8,
+                name_len: u8::try_from(name.len()).expect("check_name allows NAME_MAX (255) bytes"),
                 kind,
             });
             used |= 1 << s;

@@ -25,6 +25,13 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+    /// [`below`](Self::below) as another integer type.
+    fn below_as<T: TryFrom<u64>>(&mut self, n: u64) -> T
+    where
+        T::Error: std::fmt::Debug,
+    {
+        T::try_from(self.below(n)).unwrap()
+    }
 }
 
 /// What a file system holds, as one map per path: kind, links, mode,
@@ -69,7 +76,7 @@ fn recovered(v: &Volume) -> Tree {
 }
 
 fn path_of(rng: &mut Rng) -> String {
-    let dir = ["", "a/", "a/b/", "c/"][rng.below(4) as usize];
+    let dir = ["", "a/", "a/b/", "c/"][rng.below_as::<usize>(4)];
     let long = "n".repeat(60);
     let name = match rng.below(3) {
         0 => format!("f{}", rng.below(24)),
@@ -102,7 +109,7 @@ fn write(v: &mut Volume, path: &str, first: u64, pages: u32, truncate_to: Option
         let mut extents = Extents::new();
         let mut n = 0;
         for (s, l) in g.into_grant().unwrap().runs() {
-            extents.push(s, l as u32);
+            extents.push(s, u32::try_from(l).unwrap());
             n += l;
         }
         let size = (first + n) * 4096 - 100;
@@ -182,7 +189,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             let target = if rng.below(2) == 0 {
                 "short".to_string()
             } else {
-                "t".repeat(100 + rng.below(200) as usize)
+                "t".repeat(100 + rng.below_as::<usize>(200))
             };
             let _ = handle(
                 v,
@@ -201,8 +208,8 @@ fn step(v: &mut Volume, rng: &mut Rng) {
                     path: p.as_bytes(),
                     follow: false,
                     attrs: SetAttrs {
-                        mode: Some(0o600 + rng.below(8) as u32),
-                        uid: Some(rng.below(3) as u32),
+                        mode: Some(0o600 + rng.below_as::<u32>(8)),
+                        uid: Some(rng.below_as::<u32>(3)),
                         ..SetAttrs::default()
                     },
                 },
@@ -210,13 +217,13 @@ fn step(v: &mut Volume, rng: &mut Rng) {
         }
         8 | 9 => {
             let first = rng.below(6);
-            let pages = 1 + rng.below(3) as u32;
+            let pages = 1 + rng.below_as::<u32>(3);
             let cut = (rng.below(4) == 0).then(|| rng.below(4) * 3000);
             write(v, &p, first, pages, cut);
         }
         _ => {
             // Directories come and go too (rmdir fails on full ones).
-            let d = ["a", "a/b", "c", "c/e"][rng.below(4) as usize];
+            let d = ["a", "a/b", "c", "c/e"][rng.below_as::<usize>(4)];
             if rng.below(2) == 0 {
                 let _ = handle(
                     v,

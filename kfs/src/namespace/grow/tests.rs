@@ -49,7 +49,7 @@ fn dir_of(ns: &Namespace, path: &str) -> InodeOff {
 /// log2 of the buckets of `dir`'s published table.
 fn bits(ns: &Namespace, dir: InodeOff) -> u32 {
     let table = BucketTable::new(ns.arena.get(dir.buckets()));
-    ns.arena.get(table.bits()) as u32
+    u32::try_from(ns.arena.get(table.bits())).unwrap()
 }
 
 /// A small random-number generator (xorshift), so that runs repeat.
@@ -62,6 +62,11 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0 % n
     }
+}
+
+/// `v` as an index.
+fn ix(v: u64) -> usize {
+    usize::try_from(v).unwrap()
 }
 
 /// Checks `dir` against `model` (name → ino): every name is found and
@@ -151,7 +156,7 @@ fn a_directory_grown_across_doublings_with_unlinks_matches_a_model_at_every_step
             before.map(|(_, next)| usize::from(bucket(name_hash(name), old_bits) < next))
         };
         if !model.is_empty() && rng.below(10) < 3 {
-            let k = rng.below(model.len() as u64) as usize;
+            let k = ix(rng.below(model.len() as u64));
             let name: Vec<u8> = model.keys().nth(k).unwrap().clone();
             unlink(
                 &mut ns,
@@ -211,7 +216,7 @@ fn an_add_migrates_at_most_a_step_and_a_doubling_ends_well_before_the_next_is_du
     mkdir(&mut ns, "d");
     let dir = dir_of(&ns, "d");
     let mut expected = 0u64;
-    let mut steps = [0u32; GROW_STEP as usize + 1];
+    let mut steps = vec![0u32; ix(GROW_STEP) + 1];
     for i in 0..21_000 {
         let before = ns.doublings.migrated;
         let old_bits = bits(&ns, dir);
@@ -219,7 +224,7 @@ fn an_add_migrates_at_most_a_step_and_a_doubling_ends_well_before_the_next_is_du
         file(&mut ns, &format!("d/f{i}"));
         let moved = ns.doublings.migrated - before;
         assert!(moved <= GROW_STEP, "create {i} migrated {moved} buckets");
-        steps[moved as usize] += 1;
+        steps[ix(moved)] += 1;
         // A doubling under way, or starting, moves a whole step unless its
         // last buckets are fewer.
         if let Some((_, next)) = pending {
@@ -250,7 +255,7 @@ fn an_add_migrates_at_most_a_step_and_a_doubling_ends_well_before_the_next_is_du
         ns.doublings.migrated,
         expected + ns.doubling(dir).map_or(0, |d| d.1)
     );
-    assert!(steps[GROW_STEP as usize] > 1000, "{steps:?}");
+    assert!(steps[ix(GROW_STEP)] > 1000, "{steps:?}");
     assert_eq!(problems(&ns), Vec::<String>::new());
 }
 
