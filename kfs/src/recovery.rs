@@ -41,7 +41,7 @@ use crate::log::Log;
 use crate::namespace::Namespace;
 use crate::pages::{HeldPagesError, Pages};
 use crate::record::{op, Record};
-use crate::store::Loaded;
+use crate::store::{LoadError, Loaded};
 use crate::volume::{apply_batch, Volume};
 use crate::Error;
 
@@ -74,9 +74,10 @@ pub enum RecoveryError {
     /// Applying a batch to the store failed.
     #[error("writing the store: {0}")]
     WriteStore(kucofs_common::Error),
-    /// The metadata store does not load (the store says why).
-    #[error("{0}")]
-    Load(String),
+    /// The metadata store does not load ([`LoadError`] says why and
+    /// where).
+    #[error(transparent)]
+    Load(#[from] LoadError),
     /// A redo record in the log does not decode.
     #[error("log entry {seq}: undecodable: {errno:?}")]
     Undecodable { seq: u64, errno: Errno },
@@ -306,7 +307,7 @@ pub fn rebuild(
     scanned: &Scanned,
     read: &dyn Fn(u64, &mut [u8]) -> bool,
 ) -> Result<(Namespace, Loaded, Replayed), RecoveryError> {
-    let (mut ns, loaded) = crate::store::load(g, read).map_err(RecoveryError::Load)?;
+    let (mut ns, loaded) = crate::store::load(g, read)?;
     let mut replayed = Replayed {
         entries: 0,
         bytes: scanned.head.pos,

@@ -37,7 +37,7 @@ use crate::pages::{PageTableAddr, Pages};
 
 mod load;
 
-pub use load::{held_pages, load, Loaded};
+pub use load::{held_pages, load, LoadError, Loaded};
 
 /// `itable` value of a table index whose page is promised, not yet taken.
 const PENDING: u64 = u64::MAX;

@@ -191,6 +191,8 @@ impl std::fmt::Display for RecordFault {
     }
 }
 
+impl std::error::Error for RecordFault {}
+
 fn get_u16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }

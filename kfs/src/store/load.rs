@@ -1,15 +1,16 @@
 //! Reading the metadata store back at recovery (ARCHITECTURE.md §12):
 //! one pass over the owner table, the inode pages, the entry pages and the
 //! files' pages, every record checked, the index built as it goes. A
-//! damaged or hostile image gets an error naming what is wrong, never a
+//! damaged or hostile image gets a [`LoadError`] naming what is wrong, never a
 //! panic, a loop or an allocation its size does not call for.
 
 use kucofs_common::format::meta::{
-    slots_per_page, EntryRef, InodeRecord, Owner, CELL, INODES_PER_PAGE, INODE_RECORD,
+    slots_per_page, EntryRef, InodeRecord, Owner, RecordFault, CELL, INODES_PER_PAGE, INODE_RECORD,
 };
 use kucofs_common::format::{Geometry, OWNER_SIZE, PAGE_LEN, PAGE_SIZE};
 use kucofs_common::index::blockmap::MAX_FILE_SIZE;
 use kucofs_common::index::{check_name, Ino, InodeOff, Kind};
+use kucofs_common::Errno;
 
 use super::{slot_id, Store, StoreUse};
 use crate::intmap::IntMap;
@@ -36,23 +37,191 @@ pub struct Loaded {
     pub orphans: u64,
 }
 
+/// Why [`load`] refused a store: one variant per kind of fault, each
+/// carrying the numbers that place it (data page, slot, inode number) and
+/// the lower error where there is one (the record's [`RecordFault`], the
+/// index's [`Errno`]). Each reads as a sentence naming what is wrong where,
+/// which fsck reports and recovery's error carries.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The empty index could not be made.
+    #[error("index: {0}")]
+    Index(#[source] Errno),
+    /// The owner table does not fit in memory.
+    #[error("the owner table is larger than the address space")]
+    OwnerTableTooLarge,
+    /// The owner table could not be read.
+    #[error("the owner table is outside the image")]
+    OwnerTableOutside,
+    /// An owner entry decodes to no owner.
+    #[error("data page {page}: owner entry {entry:#x} is not one the format allows")]
+    BadOwner { page: u64, entry: u64 },
+    /// An owner entry names an inode table page past every inode number.
+    #[error("data page {page}: inode table index {index} is out of range")]
+    InodeTableIndex { page: u64, index: u64 },
+    /// Two owner entries name the same inode table page.
+    #[error("data pages {first} and {page} both hold inode table page {index}")]
+    InodeTablePageTwice { first: u64, page: u64, index: usize },
+    /// Two owner entries name the target of the same inode.
+    #[error("two pages hold the target of inode {ino}")]
+    TargetTwice { ino: u64 },
+    /// The inode table has more pages than a `u32` counts.
+    #[error("the inode table has too many pages")]
+    InodeTableTooLong,
+    /// An inode page could not be read.
+    #[error("inode page {index} (data page {page}) is outside the image")]
+    InodePageOutside { index: usize, page: u64 },
+    /// An inode record fails its checks.
+    #[error("inode {ino} (data page {page}): {fault}")]
+    InodeRecord {
+        ino: u64,
+        page: u64,
+        #[source]
+        fault: RecordFault,
+    },
+    /// The record in an inode's slot names another inode.
+    #[error("the record in inode {ino}'s slot names inode {named}")]
+    InodeSlot { ino: u64, named: u64 },
+    /// An inode's target page is not the one the owner table gives it,
+    /// or its length does not fit a page.
+    #[error("inode {ino}: its target page {page} is not one the owner table gives it")]
+    TargetPageNotOwned { ino: u64, page: u64 },
+    /// An inode's target page could not be read.
+    #[error("inode {ino}: target page {page} is outside the image")]
+    TargetPageOutside { ino: u64, page: u64 },
+    /// An inode's target does not match its checksum.
+    #[error("inode {ino}: its target (data page {page}): checksum mismatch")]
+    TargetChecksum { ino: u64, page: u64 },
+    /// An inode's mode is of no known type.
+    #[error("inode {ino}: mode {mode:#o} is no known type")]
+    UnknownMode { ino: u64, mode: u32 },
+    /// A target on an inode that is no symlink, or a symlink without one.
+    #[error("inode {ino}: a target on a non-symlink or none on a symlink")]
+    TargetKind { ino: u64 },
+    /// An inode's size is not one its type allows.
+    #[error("inode {ino}: size {size} is not one it can have")]
+    BadSize { ino: u64, size: u64 },
+    /// The root inode is not a directory.
+    #[error("the root is not a directory")]
+    RootNotDir,
+    /// The index refused an inode.
+    #[error("inode {ino}: {errno:?}")]
+    LoadInode {
+        ino: u64,
+        #[source]
+        errno: Errno,
+    },
+    /// No record for the root.
+    #[error("the store holds no root directory")]
+    NoRoot,
+    /// A target page whose inode is no symlink (or has its target inline).
+    #[error("a target page belongs to no symlink")]
+    StrayTarget,
+    /// More entry pages than a class's list can hold.
+    #[error("{pages} entry pages are more than the store can list")]
+    TooManyEntryPages { pages: usize },
+    /// The entry pages' slots do not fit in memory.
+    #[error("the entry pages hold more slots than the address space")]
+    EntrySlotsTooMany,
+    /// An entry page could not be read.
+    #[error("entry page {page} is outside the image")]
+    EntryPageOutside { page: u64 },
+    /// An entry record fails its checks.
+    #[error("entry slot {slot} of data page {page}: {fault}")]
+    EntryRecord {
+        page: u64,
+        slot: u64,
+        #[source]
+        fault: RecordFault,
+    },
+    /// An entry record's name is not one a directory can hold.
+    #[error(
+        "entry slot {slot} of data page {page}: {:?} is not a name a directory can hold",
+        String::from_utf8_lossy(.name)
+    )]
+    BadName {
+        page: u64,
+        slot: u64,
+        name: Vec<u8>,
+        #[source]
+        errno: Errno,
+    },
+    /// An entry names an inode that does not exist.
+    #[error(
+        "entry {:?} in directory {parent} names inode {ino}, which does not exist",
+        String::from_utf8_lossy(.name)
+    )]
+    EntryToNothing {
+        parent: u64,
+        name: Vec<u8>,
+        ino: u64,
+    },
+    /// An entry names an inode of another type than its own, or the root.
+    #[error(
+        "entry {:?} in directory {parent} names inode {ino}, of another type, or the root",
+        String::from_utf8_lossy(.name)
+    )]
+    EntryKind {
+        parent: u64,
+        name: Vec<u8>,
+        ino: u64,
+    },
+    /// The names take more bytes than a `u32` counts.
+    #[error("too many names")]
+    TooManyNames,
+    /// The index refused a directory's entries (a repeated name, one
+    /// under no directory).
+    #[error("the entries of directory {parent}: {errno:?}")]
+    LoadDir {
+        parent: u64,
+        #[source]
+        errno: Errno,
+    },
+    /// An inode's link count is not the one its entries give it.
+    #[error("inode {ino} has a link count of {nlink}, but the entries give it {want}")]
+    LinkCount { ino: u64, nlink: u32, want: u32 },
+    /// A data page belongs to an inode that is no regular file.
+    #[error("data page {page} belongs to inode {ino}, which is no regular file")]
+    NotAFile { page: u64, ino: u64 },
+    /// Two data pages hold the same page of a file.
+    #[error("two data pages hold page {index} of inode {ino}")]
+    FilePageTwice { ino: u64, index: u64 },
+    /// A data page holds a page of a file past its size.
+    #[error("data page {page} holds page {index} of inode {ino}, past its size {size}")]
+    PastSize {
+        page: u64,
+        index: u64,
+        ino: u64,
+        size: u64,
+    },
+    /// The index refused a file's pages.
+    #[error("pages of inode {ino}: {errno:?}")]
+    LoadPages {
+        ino: u64,
+        #[source]
+        errno: Errno,
+    },
+    /// Dropping the files without a name failed.
+    #[error("dropping unnamed files: {0:?}")]
+    DropOrphans(#[source] Errno),
+}
+
 /// Builds the namespace the store of an image of geometry `g` holds,
 /// reading image bytes through `read`. Every record is checked; the first
 /// that fails makes the error.
 pub fn load(
     g: &Geometry,
     read: &dyn Fn(u64, &mut [u8]) -> bool,
-) -> Result<(Namespace, Loaded), String> {
-    let mut ns = Namespace::new(kucofs_common::proto::Creds::default(), 0)
-        .map_err(|e| format!("index: {e}"))?;
+) -> Result<(Namespace, Loaded), LoadError> {
+    let mut ns =
+        Namespace::new(kucofs_common::proto::Creds::default(), 0).map_err(LoadError::Index)?;
     let mut st = Store::new(g);
     st.loading = true;
     let mut loaded = Loaded::default();
-    let table_len = usize::try_from(g.owners.len())
-        .map_err(|_| "the owner table is larger than the address space".to_string())?;
+    let table_len = usize::try_from(g.owners.len()).map_err(|_| LoadError::OwnerTableTooLarge)?;
     let mut table = vec![0u8; table_len];
     if !read(g.owners.offset(), &mut table) {
-        return Err("the owner table is outside the image".into());
+        return Err(LoadError::OwnerTableOutside);
     }
     let mut files: Vec<(u64, u64, u64)> = Vec::new();
     let mut entry_pages: Vec<(u64, u8)> = Vec::new();
@@ -61,9 +230,7 @@ pub fn load(
     for (i, entry) in (0..g.data.pages).zip(table.chunks_exact(8)) {
         let v = u64::from_le_bytes(entry.try_into().expect("8 bytes"));
         let p = g.data.start + i;
-        let o = Owner::decode(v).ok_or_else(|| {
-            format!("data page {p}: owner entry {v:#x} is not one the format allows")
-        })?;
+        let o = Owner::decode(v).ok_or(LoadError::BadOwner { page: p, entry: v })?;
         match o {
             Owner::Free => continue,
             Owner::File { ino, page } => files.push((ino, page, p)),
@@ -71,18 +238,17 @@ pub fn load(
                 let k = usize::try_from(index)
                     .ok()
                     .filter(|&k| (k as u64) < MAX_INODES / INODES_PER_PAGE)
-                    .ok_or_else(|| {
-                        format!("data page {p}: inode table index {index} is out of range")
-                    })?;
+                    .ok_or(LoadError::InodeTableIndex { page: p, index })?;
                 if k >= st.itable.len() {
                     st.itable.resize(k + 1, 0);
                     st.ilive.resize(k + 1, 0);
                 }
                 if st.itable[k] != 0 {
-                    return Err(format!(
-                        "data pages {} and {p} both hold inode table page {k}",
-                        st.itable[k]
-                    ));
+                    return Err(LoadError::InodeTablePageTwice {
+                        first: st.itable[k],
+                        page: p,
+                        index: k,
+                    });
                 }
                 st.itable[k] = p;
                 loaded.store.inode_pages += 1;
@@ -93,7 +259,7 @@ pub fn load(
             }
             Owner::Target { ino } => {
                 if targets.insert(ino, p).is_some() {
-                    return Err(format!("two pages hold the target of inode {ino}"));
+                    return Err(LoadError::TargetTwice { ino });
                 }
                 loaded.store.target_pages += 1;
             }
@@ -115,8 +281,7 @@ pub fn load(
     let mut blocks: Vec<[Loading; SLOTS]> = Vec::new();
     for (k, &p) in itable.iter().enumerate() {
         if p != 0 {
-            block_of[k] = u32::try_from(blocks.len())
-                .map_err(|_| "the inode table has too many pages".to_string())?;
+            block_of[k] = u32::try_from(blocks.len()).map_err(|_| LoadError::InodeTableTooLong)?;
             blocks.push([Loading::default(); SLOTS]);
         }
     }
@@ -131,21 +296,22 @@ pub fn load(
             continue;
         }
         if !read(p * PAGE_SIZE, &mut page) {
-            return Err(format!(
-                "inode page {k} (data page {p}) is outside the image"
-            ));
+            return Err(LoadError::InodePageOutside { index: k, page: p });
         }
         for (s, b) in page.chunks_exact(INODE_RECORD).enumerate() {
             let b: &[u8; INODE_RECORD] = b.try_into().expect("record");
             let ino = k as u64 * INODES_PER_PAGE + s as u64;
-            let rec =
-                InodeRecord::decode(b).map_err(|e| format!("inode {ino} (data page {p}): {e}"))?;
+            let rec = InodeRecord::decode(b).map_err(|fault| LoadError::InodeRecord {
+                ino,
+                page: p,
+                fault,
+            })?;
             let Some(rec) = rec else { continue };
             if rec.ino != ino {
-                return Err(format!(
-                    "the record in inode {ino}'s slot names inode {}",
-                    rec.ino
-                ));
+                return Err(LoadError::InodeSlot {
+                    ino,
+                    named: rec.ino,
+                });
             }
             let t: &[u8] = match rec.inline_target() {
                 Some(t) => t,
@@ -153,30 +319,24 @@ pub fn load(
                     let tp = rec.target_page;
                     let len = usize::from(rec.target_len);
                     if targets.get(&ino) != Some(&tp) || len >= PAGE_LEN {
-                        return Err(format!(
-                            "inode {ino}: its target page {tp} is not one the owner table gives it"
-                        ));
+                        return Err(LoadError::TargetPageNotOwned { ino, page: tp });
                     }
                     if !read(tp * PAGE_SIZE, &mut target[..len]) {
-                        return Err(format!(
-                            "inode {ino}: target page {tp} is outside the image"
-                        ));
+                        return Err(LoadError::TargetPageOutside { ino, page: tp });
                     }
                     if kucofs_common::checksum::crc32c(&target[..len]) != rec.target_crc {
-                        return Err(format!(
-                            "inode {ino}: its target (data page {tp}): checksum mismatch"
-                        ));
+                        return Err(LoadError::TargetChecksum { ino, page: tp });
                     }
                     ns.store_mut().targets.insert(ino, tp);
                     &target[..len]
                 }
             };
-            let kind = Kind::from_mode(rec.mode)
-                .ok_or_else(|| format!("inode {ino}: mode {:#o} is no known type", rec.mode))?;
+            let kind = Kind::from_mode(rec.mode).ok_or(LoadError::UnknownMode {
+                ino,
+                mode: rec.mode,
+            })?;
             if (kind == Kind::Symlink) != (rec.target_len > 0) {
-                return Err(format!(
-                    "inode {ino}: a target on a non-symlink or none on a symlink"
-                ));
+                return Err(LoadError::TargetKind { ino });
             }
             let size_ok = match kind {
                 Kind::File => rec.size <= MAX_FILE_SIZE,
@@ -184,10 +344,10 @@ pub fn load(
                 Kind::Dir => true,
             };
             if !size_ok {
-                return Err(format!(
-                    "inode {ino}: size {} is not one it can have",
-                    rec.size
-                ));
+                return Err(LoadError::BadSize {
+                    ino,
+                    size: rec.size,
+                });
             }
             let attr = kucofs_common::index::InodeAttr {
                 offset: InodeOff::NULL,
@@ -206,13 +366,13 @@ pub fn load(
             };
             if ino == ROOT_INO {
                 if kind != Kind::Dir {
-                    return Err("the root is not a directory".into());
+                    return Err(LoadError::RootNotDir);
                 }
                 saw_root = true;
             }
             let inode = ns
                 .load_inode(&attr, t)
-                .map_err(|e| format!("inode {ino}: {e:?}"))?;
+                .map_err(|errno| LoadError::LoadInode { ino, errno })?;
             blocks[block_of[k] as usize][s] = Loading {
                 inode,
                 kind: kind.to_byte(),
@@ -223,7 +383,7 @@ pub fn load(
         }
     }
     if !saw_root {
-        return Err("the store holds no root directory".into());
+        return Err(LoadError::NoRoot);
     }
     // Inodes of the index per inode page (the root was made before the
     // store was read, so the counts are taken from the index).
@@ -242,15 +402,14 @@ pub fn load(
     st.ilive = live;
     st.inode_slots = (0..st.itable.len()).map(|k| st.slots_of(k)).sum();
     if targets.len() != ns.store().targets.len() {
-        return Err("a target page belongs to no symlink".into());
+        return Err(LoadError::StrayTarget);
     }
     // Each entry page's place in its class's list is a `u32`, `u32::MAX`
     // meaning none.
     if u32::try_from(entry_pages.len()).is_err() {
-        return Err(format!(
-            "{} entry pages are more than the store can list",
-            entry_pages.len()
-        ));
+        return Err(LoadError::TooManyEntryPages {
+            pages: entry_pages.len(),
+        });
     }
     // Entries, page by page: each name checked and its inode looked up
     // in the order the store holds them (which follows the order they
@@ -258,27 +417,29 @@ pub fn load(
     // the cache); then sorted by directory and key, and each directory
     // built in one pass.
     let slots: u64 = entry_pages.iter().map(|&(_, c)| slots_per_page(c)).sum();
-    let slots = usize::try_from(slots)
-        .map_err(|_| "the entry pages hold more slots than the address space".to_string())?;
+    let slots = usize::try_from(slots).map_err(|_| LoadError::EntrySlotsTooMany)?;
     let mut found: Vec<LoadedEntry> = Vec::with_capacity(slots);
     let mut names: Vec<u8> = Vec::with_capacity(slots * 16);
     for &(p, cells) in &entry_pages {
         if !read(p * PAGE_SIZE, &mut page) {
-            return Err(format!("entry page {p} is outside the image"));
+            return Err(LoadError::EntryPageOutside { page: p });
         }
         let mut used = 0u64;
         let size = CELL * usize::from(cells);
         for (s, rec) in (0..slots_per_page(cells)).zip(page.chunks_exact(size)) {
-            let rec = EntryRef::decode(rec, cells)
-                .map_err(|e| format!("entry slot {s} of data page {p}: {e}"))?;
+            let rec = EntryRef::decode(rec, cells).map_err(|fault| LoadError::EntryRecord {
+                page: p,
+                slot: s,
+                fault,
+            })?;
             let Some(rec) = rec else { continue };
             let (parent, name) = (rec.parent, rec.name);
-            if check_name(name).is_err() {
-                return Err(format!(
-                    "entry slot {s} of data page {p}: {:?} is not a name a directory can hold",
-                    String::from_utf8_lossy(name)
-                ));
-            }
+            check_name(name).map_err(|errno| LoadError::BadName {
+                page: p,
+                slot: s,
+                name: name.to_vec(),
+                errno,
+            })?;
             let at = slot_of(rec.ino).filter(|_| rec.ino != ROOT_INO);
             let (inode, kind) = at.map_or((InodeOff::NULL, 0), |(b, s)| {
                 let l = &mut blocks[b][s];
@@ -292,18 +453,14 @@ pub fn load(
             }
             let kind = Kind::from_byte(kind).filter(|_| !inode.is_null());
             let Some(kind) = kind.filter(|k| k.to_byte() == rec.kind) else {
-                return Err(format!(
-                    "entry {:?} in directory {parent} names inode {}, {}",
-                    String::from_utf8_lossy(name),
-                    rec.ino,
-                    if inode.is_null() {
-                        "which does not exist"
-                    } else {
-                        "of another type, or the root"
-                    }
-                ));
+                let (name, ino) = (name.to_vec(), rec.ino);
+                return Err(if inode.is_null() {
+                    LoadError::EntryToNothing { parent, name, ino }
+                } else {
+                    LoadError::EntryKind { parent, name, ino }
+                });
             };
-            let name_at = u32::try_from(names.len()).map_err(|_| "too many names".to_string())?;
+            let name_at = u32::try_from(names.len()).map_err(|_| LoadError::TooManyNames)?;
             names.extend_from_slice(name);
             found.push(LoadedEntry {
                 parent: Ino::new(parent),
@@ -329,7 +486,10 @@ pub fn load(
     for group in found.chunk_by(|a, b| a.parent == b.parent) {
         let parent = group[0].parent;
         ns.load_dir(parent, &names, group)
-            .map_err(|e| format!("the entries of directory {parent}: {e:?}"))?;
+            .map_err(|errno| LoadError::LoadDir {
+                parent: parent.get(),
+                errno,
+            })?;
     }
     drop(found);
     drop(names);
@@ -350,10 +510,11 @@ pub fn load(
             };
             let orphan = l.nlink == 0 && l.names == 0 && l.kind != Kind::Dir.to_byte();
             if l.nlink != want && !orphan {
-                return Err(format!(
-                    "inode {ino} has a link count of {}, but the entries give it {want}",
-                    l.nlink
-                ));
+                return Err(LoadError::LinkCount {
+                    ino,
+                    nlink: l.nlink,
+                    want,
+                });
             }
         }
     }
@@ -371,9 +532,7 @@ pub fn load(
             .attr(inode)
             .filter(|a| a.kind() == Some(Kind::File));
         let Some(attr) = attr.filter(|_| !inode.is_null()) else {
-            return Err(format!(
-                "data page {p} belongs to inode {ino}, which is no regular file"
-            ));
+            return Err(LoadError::NotAFile { page: p, ino });
         };
         let mut run = vec![p];
         let mut j = i + 1;
@@ -386,28 +545,27 @@ pub fn load(
             j += 1;
         }
         if j < files.len() && files[j].0 == ino && files[j].1 < first + run.len() as u64 {
-            return Err(format!(
-                "two data pages hold page {} of inode {ino}",
-                files[j].1
-            ));
+            return Err(LoadError::FilePageTwice {
+                ino,
+                index: files[j].1,
+            });
         }
         let last = first + run.len() as u64 - 1;
         if last * PAGE_SIZE >= attr.size {
-            return Err(format!(
-                "data page {} holds page {last} of inode {ino}, past its size {}",
-                run[run.len() - 1],
-                attr.size
-            ));
+            return Err(LoadError::PastSize {
+                page: run[run.len() - 1],
+                index: last,
+                ino,
+                size: attr.size,
+            });
         }
         ns.load_pages(inode, first, &run, &attr)
-            .map_err(|e| format!("pages of inode {ino}: {e:?}"))?;
+            .map_err(|errno| LoadError::LoadPages { ino, errno })?;
         loaded.file_pages += run.len() as u64;
         i = j;
     }
     ns.store_mut().loading = false;
-    loaded.orphans = ns
-        .drop_orphans()
-        .map_err(|e| format!("dropping unnamed files: {e:?}"))?;
+    loaded.orphans = ns.drop_orphans().map_err(LoadError::DropOrphans)?;
     Ok((ns, loaded))
 }
 

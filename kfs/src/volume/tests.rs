@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use super::*;
 use crate::provision::Behind;
 use crate::recovery::RecoveryError;
+use crate::store::LoadError;
 
 /// What [`Volume::handle`] answers.
 type Answer = std::result::Result<Reply, Errno>;
@@ -1320,11 +1321,16 @@ fn an_inode_table_page_past_every_inode_number_is_refused() {
     f.write_all_at(&entry.to_le_bytes(), g.owner_offset(g.data.end() - 1))
         .unwrap();
     let err = Volume::open(&path).unwrap_err();
-    // The store refused it, and the error names the image itself.
+    // The store refused it, with the owner entry's page and index, and
+    // the error names the image itself.
+    let page = g.data.end() - 1;
     assert!(
         matches!(
             &err,
-            Error::Recovery { path: p, cause: RecoveryError::Load(_) } if *p == path
+            Error::Recovery {
+                path: p,
+                cause: RecoveryError::Load(LoadError::InodeTableIndex { page: at, index }),
+            } if *p == path && *at == page && *index == (1 << 28) - 1
         ),
         "{err:?}"
     );
@@ -1412,21 +1418,96 @@ fn rename_entry_record(path: &std::path::Path, from: &[u8], to: &[u8]) {
 }
 
 /// A store whose entry records hold a name no directory can hold, or one
-/// name twice in a directory, is refused in a sentence at open.
+/// name twice in a directory, is refused in a sentence at open, the
+/// error's variant saying which.
 #[test]
 fn entry_records_with_a_bad_or_repeated_name_are_refused() {
-    for (to, why) in [
-        (&b"a/"[..], "\"a/\" is not a name a directory can hold"),
-        (&b"ab"[..], "EEXIST"),
-    ] {
+    type Check = fn(&LoadError) -> bool;
+    let cases: [(&[u8], &str, Check); 2] = [
+        (
+            b"a/",
+            "\"a/\" is not a name a directory can hold",
+            |e| matches!(e, LoadError::BadName { name, errno, .. } if name == b"a/" && *errno == Errno::EINVAL),
+        ),
+        (
+            b"ab",
+            "EEXIST",
+            |e| matches!(e, LoadError::LoadDir { parent: 1, errno } if *errno == Errno::EEXIST),
+        ),
+    ];
+    for (to, why, check) in cases {
         let (_dir, path, mut v) = volume();
         let _ = create(&mut v, "/ab", false);
         let _ = create(&mut v, "/cd", false);
         v.close().unwrap();
         rename_entry_record(&path, b"cd", to);
-        let err = Volume::open(&path).unwrap_err().to_string();
+        let err = Volume::open(&path).unwrap_err();
+        let Error::Recovery {
+            cause: RecoveryError::Load(load),
+            ..
+        } = &err
+        else {
+            panic!("{err:?}");
+        };
+        assert!(check(load), "{load:?}");
+        let err = err.to_string();
         assert!(err.contains(why), "{err}");
     }
+}
+
+/// An inode record damaged in place fails its checksum: the store is
+/// refused with the inode's number and page, and the record's fault as
+/// the error's source.
+#[test]
+fn a_damaged_inode_record_is_refused_with_its_fault() {
+    use kucofs_common::format::meta::{Owner, RecordFault, INODE_RECORD};
+    use kucofs_common::format::PAGE_SIZE;
+    use std::os::unix::fs::FileExt;
+    let (_dir, path, v) = volume();
+    let g = v.image().superblock().geometry;
+    v.close().unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    // The data page holding inode table page 0, where the root's record is.
+    let page = (g.data.start..g.data.end())
+        .find(|&p| {
+            let mut w = [0u8; 8];
+            f.read_exact_at(&mut w, g.owner_offset(p)).unwrap();
+            Owner::decode(u64::from_le_bytes(w)) == Some(Owner::Inodes { index: 0 })
+        })
+        .expect("inode table page 0");
+    // A byte of the root's mtime, flipped.
+    let at =
+        page * PAGE_SIZE + crate::namespace::ROOT_INO * u64::try_from(INODE_RECORD).unwrap() + 40;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x5a], at).unwrap();
+    drop(f);
+    let err = Volume::open(&path).unwrap_err();
+    let Error::Recovery {
+        cause: RecoveryError::Load(load),
+        ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert!(
+        matches!(
+            load,
+            LoadError::InodeRecord { ino: 1, page: p, fault: RecordFault::Checksum } if *p == page
+        ),
+        "{load:?}"
+    );
+    let source = std::error::Error::source(load).expect("the record's fault");
+    assert_eq!(source.to_string(), "checksum mismatch");
+    assert!(
+        err.to_string()
+            .contains(&format!("inode 1 (data page {page}): checksum mismatch")),
+        "{err}"
+    );
 }
 
 /// A user's files carry bytes the user chose into a retirement's batch
