@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 
 use crate::namespace::now_ns;
 use crate::provision::{Behind, Provisioner};
-use crate::volume::{Caller, Readers, Volume, Warmer};
+use crate::volume::{make_deferred, Caller, Readers, Volume, Warmer};
 use crate::{Error, Result};
 use kucofs_common::pm::{Protection, Protector};
 
@@ -429,7 +429,7 @@ impl Direct {
         caller: Caller,
     ) -> Option<std::result::Result<Reply, Errno>> {
         let volume = guard.as_mut()?;
-        let mut reply = self
+        let reply = self
             .stats
             .served(req.kind(), || volume.handle_deferred(req, caller));
         let n = bump(&self.stats.direct, 1) + 1;
@@ -445,20 +445,7 @@ impl Direct {
                 .try_lock()
                 .is_some_and(|p| p.as_ref().is_some_and(|p| p.is_due(Behind::Hold)));
         }
-        let changes = volume.take_protection_changes();
-        if changes.is_empty() {
-            drop(guard);
-        } else {
-            let order = self.order.lock();
-            drop(guard);
-            let failed = changes.make();
-            drop(order);
-            if !failed.is_empty() {
-                if let Some(v) = self.volume.lock().as_mut() {
-                    reply = v.deferred_changes_failed(&failed, req, caller, reply);
-                }
-            }
-        }
+        let reply = make_deferred(guard, &self.volume, &self.order, req, caller, reply);
         if wake {
             self.nudge.wake();
         }

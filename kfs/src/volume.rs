@@ -45,7 +45,7 @@ mod retire;
 mod warmer;
 
 pub use grants::POOL_MAX;
-pub use protection::{Changes, Failure};
+pub use protection::{make_deferred, Changes, Failure};
 use protection::{Held, Pending, View};
 pub(crate) use retire::apply_batch;
 pub use retire::Retirements;

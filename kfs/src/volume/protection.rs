@@ -4,8 +4,8 @@
 //! (a grant) or read-only again (a commit under the client's
 //! [`Protection`] mode, the expiry of a batch, pages the metadata store
 //! takes); the protection changes decided and not yet made ([`Changes`]),
-//! made at once or deferred past the volume's lock; and what a change
-//! that failed leaves ([`Failure`]).
+//! made at once or deferred past the volume's lock ([`make_deferred`]);
+//! and what a change that failed leaves ([`Failure`]).
 //!
 //! The other pieces live elsewhere:
 //!
@@ -14,9 +14,9 @@
 //!   `mprotect` on a view's write window, protection keys, and the
 //!   [`PoolWriter`](kucofs_common::pm::PoolWriter) a client stores
 //!   through, in `common/src/pm/region.rs` and `common/src/pm/keys.rs`;
-//! - in `kfs/src/server.rs`: `Direct` makes the changes a client
-//!   thread's own request deferred, after it releases the volume's lock,
-//!   under [`Volume::protection_order`]; the Kfs thread calls
+//! - in `kfs/src/server.rs`: `Direct` hands a client thread's own
+//!   request to [`Volume::handle_deferred`] and then its lock to
+//!   [`make_deferred`]; the Kfs thread calls
 //!   [`Volume::expire_protection`] by the [`Volume::batch_deadline`] it
 //!   planned;
 //! - the client's side (its views, its protection mode, the writes
@@ -27,7 +27,7 @@ use std::sync::Arc;
 use kucofs_common::pm::{Protection, Protector, BATCH_PAGES, BATCH_TIME};
 use kucofs_common::proto::{Extents, Reply, Request};
 use kucofs_common::Errno;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::{Caller, Volume};
 use crate::namespace::{now_ns, STAMP_LEAD};
@@ -492,6 +492,42 @@ impl Volume {
             true => Err(Errno::EIO),
             false => Ok(()),
         }
+    }
+}
+
+/// Makes the protection changes a request applied under `guard` (the
+/// lock of the volume in `lock`, through [`Volume::handle_deferred`])
+/// decided, after releasing `guard`, and returns `reply`, or what
+/// [`Volume::deferred_changes_failed`] makes of it if some failed. The
+/// changes are taken under the volume's lock and made under its
+/// [protection order](Volume::protection_order), `order`, taken before
+/// the volume's lock is released: changes are made in the order they were
+/// decided, while other requests go on. A failure takes `lock` again.
+pub fn make_deferred(
+    mut guard: MutexGuard<'_, Option<Volume>>,
+    lock: &Mutex<Option<Volume>>,
+    order: &Mutex<()>,
+    req: &Request<'_>,
+    caller: Caller,
+    reply: Result<Reply, Errno>,
+) -> Result<Reply, Errno> {
+    let Some(volume) = guard.as_mut() else {
+        return reply;
+    };
+    let changes = volume.take_protection_changes();
+    if changes.is_empty() {
+        return reply;
+    }
+    let order = order.lock();
+    drop(guard);
+    let failed = changes.make();
+    drop(order);
+    if failed.is_empty() {
+        return reply;
+    }
+    match lock.lock().as_mut() {
+        Some(v) => v.deferred_changes_failed(&failed, req, caller, reply),
+        None => reply,
     }
 }
 
