@@ -4,7 +4,7 @@
 //! request of a few dozen bytes. For those the `crc32c` crate's set-up
 //! (it splits its input into three interleaved streams) costs more than
 //! the bytes: a plain loop of the CPU's `crc32` instruction, eight bytes a
-//! step, is about three times faster below [`SHORT`] bytes. Longer inputs,
+//! step, is about three times faster below `SHORT` bytes. Longer inputs,
 //! and CPUs without SSE 4.2, go to the crate. Both compute the same
 //! function, so either may check what the other made.
 

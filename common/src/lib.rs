@@ -1,6 +1,6 @@
 //! The parts of KucoFS that every other crate stands on: the on-media
-//! [`format`], the persistent-memory [`pm`] region with its persistence
-//! primitives, and the crate's [`Error`].
+//! [`format`](mod@format), the persistent-memory [`pm`] region with its
+//! persistence primitives, and the crate's [`Error`].
 //!
 //! KucoFS targets little-endian x86-64: the on-media structs are read and
 //! written in native byte order, and the flush instructions are x86's.

@@ -38,7 +38,7 @@ pub struct Row {
     pub mib_per_sec: Option<f64>,
     /// The median over the rounds of this row's ops/s over that of the
     /// first backend for the same workload, thread count and round (see
-    /// [`median`]); `None` if that one is missing or did nothing. With
+    /// `median`); `None` if that one is missing or did nothing. With
     /// several rounds it need not be this row's `ops_per_sec` over the
     /// first backend's row's: each is the median of its own.
     pub ratio_to_first: Option<f64>,

@@ -17,9 +17,11 @@
 //! entry carries the times it set, so recovery gives back the ones
 //! acknowledged, not the clock's reading at replay. The
 //! recovered file system must then keep working (a file created, written
-//! and read back), close cleanly, and leave an image [`fsck`](crate::fsck)
+//! and read back), close cleanly, and leave an image [`fsck`](fn@crate::fsck)
 //! finds clean; fsck of the crash image itself must read it and see the
 //! entries recovery saw.
+//!
+//! [`CrashPoint::for_each_bounded`]: kucofs_common::pm::CrashPoint::for_each_bounded
 //!
 //! The explorer drives Kfs through the same entry points Kfs's own callers
 //! use ([`crate::mkfs_with`], [`Volume::open_with`], [`Volume::handle`],

@@ -37,7 +37,7 @@
 //! A chunk the kernel would not make huge when asked, for a reason of the
 //! moment (no huge page free, a page of it busy), is asked for again once
 //! nothing else is due, one chunk at a time, a second after the last try
-//! at the soonest and longer after each that fails ([`RETRY_FIRST`]).
+//! at the soonest and longer after each that fails (`RETRY_FIRST`).
 //!
 //! Without huge pages ahead, the data pages just ahead of the highest
 //! granted of a sparse image
@@ -125,7 +125,7 @@ pub struct Provisioner {
 pub enum Behind {
     /// Not now: Kfs was asked for something lately.
     Hold,
-    /// Kfs has been quiet: one chunk every [`BEHIND_PACE`], so that
+    /// Kfs has been quiet: one chunk every `BEHIND_PACE`, so that
     /// a quiet Kfs leaves the machine's processors and memory to others.
     Paced,
     /// Every chunk due, one a step.
@@ -171,7 +171,7 @@ impl Provisioner {
 
     /// True if, with huge pages, a data chunk below those provisioned may
     /// still need making huge: whatever [`Behind`] says now, a sleeping
-    /// Kfs thread then wakes at least every [`BEHIND_PACE`], so that the
+    /// Kfs thread then wakes at least every `BEHIND_PACE`, so that the
     /// chunks are made soon once Kfs is quiet.
     pub fn behind_pending(&self) -> bool {
         self.region.can_make_huge() && self.behind() > 0

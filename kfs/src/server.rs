@@ -13,9 +13,9 @@
 //! serving, so there is still exactly one writer at a time and every change
 //! takes the same path (check, durable log entry, apply), but the request
 //! crosses no core. Such threads also keep house, every
-//! [`DIRECT_HOUSEKEEPING`] requests, while the Kfs thread sleeps: it wakes
+//! `DIRECT_HOUSEKEEPING` requests, while the Kfs thread sleeps: it wakes
 //! when a protection batch reaches its deadline and when they tell it to
-//! populate pages ahead of use (see [`Nudge`]).
+//! populate pages ahead of use (see `Nudge`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -93,7 +93,7 @@ impl Volume {
     }
 
     /// [`Volume::open`] with a chosen persistence backend: recovery (see
-    /// [`crate::recovery::open`]).
+    /// `crate::recovery::open`).
     pub fn open_with(path: &Path, persist: Arc<dyn Persist>) -> Result<Volume> {
         crate::recovery::open(path, persist)
     }

@@ -465,7 +465,7 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
     /// Each bucket's entries lie between its sentinel and the next
     /// bucket's, and the entries of a large directory lie wherever they
     /// were made: walking the one list node by node is a cache miss per
-    /// entry. So the chains of [`CHAINS`] buckets are walked in step, each
+    /// entry. So the chains of `CHAINS` buckets are walked in step, each
     /// next node prefetched, and their misses overlap. A chain ends at the
     /// next bucket's own sentinel, not at the first marker: while the
     /// table doubles, a bucket's chain also holds the new table's sentinel

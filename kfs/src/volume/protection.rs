@@ -177,7 +177,7 @@ impl Changes {
 
     /// Makes the changes, in order (the caller holds
     /// [`Volume::protection_order`]), and returns those that failed, for
-    /// [`Volume::protection_failed`]. A failed change to writable is a
+    /// `Volume::protection_failed`. A failed change to writable is a
     /// grant the client must not write to; one to read-only costs
     /// protection, not data, and the next decision about its pages makes
     /// it again.
@@ -434,7 +434,7 @@ impl Volume {
     }
 
     /// After changes that [`Volume::handle_deferred`] left failed: records
-    /// them ([`Volume::protection_failed`]), and if `req` was a grant whose
+    /// them (`Volume::protection_failed`), and if `req` was a grant whose
     /// pages could not be made writable, takes the grant (`reply`) back
     /// and answers `EIO` instead. The caller holds the volume's lock again.
     pub fn deferred_changes_failed(
