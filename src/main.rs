@@ -53,6 +53,17 @@ enum Command {
         /// The image to check.
         image: PathBuf,
     },
+    /// Serve IMAGE to other processes (`Fs::connect(SOCKET)`) until
+    /// SIGTERM or SIGINT, then close it cleanly. Runs in the foreground
+    /// and says on stderr when clients can connect.
+    Serve {
+        /// The image to serve.
+        image: PathBuf,
+        /// The Unix socket clients connect to (made; a stale one from a
+        /// daemon that is gone is replaced).
+        #[arg(long)]
+        socket: PathBuf,
+    },
     /// Crash every operation at every fence: recover each crash image the
     /// hardware allows (up to K torn cache lines) and check it; exits
     /// non-zero if any check fails.
@@ -105,9 +116,45 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(DAMAGED));
             }
         }
+        Command::Serve { image, socket } => {
+            on_stop_signals();
+            kucofs_kfs::daemon::serve(
+                &image,
+                &socket,
+                kucofs_kfs::ServerConfig::default(),
+                &STOP,
+                || {
+                    eprintln!(
+                        "kucofs: serving {} on {} (SIGTERM or SIGINT to stop)",
+                        image.display(),
+                        socket.display()
+                    );
+                },
+            )
+            .with_context(|| format!("serve {}", image.display()))?;
+            eprintln!("kucofs: {} closed cleanly", image.display());
+        }
         Command::Crashtest(args) => explore::run(args)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Set by SIGTERM and SIGINT: `kucofs serve` stops.
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn stop_on_signal(_: libc::c_int) {
+    // An atomic store is async-signal-safe.
+    STOP.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// Makes SIGTERM and SIGINT set [`STOP`] instead of ending the process.
+fn on_stop_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe; `signal` with a valid handler pointer has no
+        // other precondition.
+        unsafe { libc::signal(sig, stop_on_signal as *const () as libc::sighandler_t) };
+    }
 }
 
 fn main() -> ExitCode {

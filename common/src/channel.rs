@@ -86,6 +86,27 @@ impl Segment {
         Ok(Segment { shm })
     }
 
+    /// The segment behind `fd`, as another process handed it: checked to
+    /// be one (its size and magic) before it is used.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> crate::Result<Segment> {
+        let shm = Shm::from_fd(fd, "kucofs-channel")?;
+        let len = SLOTS_AT + SLOTS as u64 * SLOT_SIZE;
+        let magic = shm.try_load_u64(H_MAGIC, Ordering::Acquire).ok();
+        let slots = shm.try_load_u64(H_SLOTS, Ordering::Relaxed).ok();
+        if shm.len() != len || magic != Some(MAGIC) || slots != Some(SLOTS as u64) {
+            return Err(crate::Error::Unusable {
+                path: "kucofs-channel".into(),
+                why: "it is not a request segment of this version".into(),
+            });
+        }
+        Ok(Segment { shm })
+    }
+
+    /// The segment's descriptor, to hand to a client process.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.shm.fd()
+    }
+
     /// The other side's mapping of the same segment.
     pub fn map_again(&self) -> crate::Result<Segment> {
         Ok(Segment {
@@ -107,6 +128,19 @@ impl Segment {
         slot: usize,
         doorbell: &Doorbell,
         req: &Request<'_>,
+    ) -> Result<Reply, Errno> {
+        self.call_while(slot, doorbell, req, &|| true)
+    }
+
+    /// [`Segment::call`] to a Kfs that may go away: while it waits long
+    /// enough to sleep, it asks `alive` every time it wakes (at least
+    /// every 100 ms), and gives up with `ENOTCONN` once that says no.
+    pub fn call_while(
+        &self,
+        slot: usize,
+        doorbell: &Doorbell,
+        req: &Request<'_>,
+        alive: &dyn Fn() -> bool,
     ) -> Result<Reply, Errno> {
         if slot >= SLOTS {
             return Err(Errno::EINVAL);
@@ -140,10 +174,16 @@ impl Segment {
         )
         .map_err(io)?;
         doorbell.ring();
-        self.wait_reply(slot, seq, req.reply_kind())
+        self.wait_reply(slot, seq, req.reply_kind(), alive)
     }
 
-    fn wait_reply(&self, slot: usize, seq: u64, expect: ReplyKind) -> Result<Reply, Errno> {
+    fn wait_reply(
+        &self,
+        slot: usize,
+        seq: u64,
+        expect: ReplyKind,
+        alive: &dyn Fn() -> bool,
+    ) -> Result<Reply, Errno> {
         let shm = &self.shm;
         let io = |_| Errno::EIO;
         let resp = self.word(slot, S_RESP_SEQ);
@@ -174,6 +214,9 @@ impl Segment {
                 }
                 shm.store_u32(self.word(slot, S_WAITING), 0, Ordering::Relaxed)
                     .map_err(io)?;
+                if !done().map_err(io)? && !alive() {
+                    return Err(Errno::ENOTCONN);
+                }
             }
         }
         let mut r = [0u8; REPLY_SIZE];
@@ -310,6 +353,23 @@ impl Doorbell {
         Ok(Doorbell {
             shm: Shm::create("kucofs-doorbell", DOORBELL_SIZE, DOORBELL_SIZE)?,
         })
+    }
+
+    /// The doorbell behind `fd`, as another process handed it.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> crate::Result<Doorbell> {
+        let shm = Shm::from_fd(fd, "kucofs-doorbell")?;
+        if shm.len() != DOORBELL_SIZE {
+            return Err(crate::Error::Unusable {
+                path: "kucofs-doorbell".into(),
+                why: "it is not a doorbell of this version".into(),
+            });
+        }
+        Ok(Doorbell { shm })
+    }
+
+    /// The doorbell's descriptor, to hand to a client process.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.shm.fd()
     }
 
     /// Another mapping of it (for a client).

@@ -49,6 +49,15 @@ pub enum Error {
     /// durable is recovered from the log at the next open.
     #[error("the Kfs thread serving {path} panicked; open the image again to recover it")]
     ThreadPanicked { path: PathBuf },
+    /// The daemon's socket could not be made or served.
+    #[error("the socket {path}: {cause}")]
+    Socket {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    /// Another daemon answers on the socket.
+    #[error("a KucoFS daemon already serves on {path}")]
+    SocketInUse { path: PathBuf },
     /// The image is shorter than the geometry its superblock describes.
     #[error("{path} holds {len} bytes, but its superblock describes a {needed}-byte file system (was the image truncated?)")]
     TooShort {
@@ -74,6 +83,8 @@ impl Error {
             | Error::Recovery { .. }
             | Error::ThreadPanicked { .. } => libc::EIO,
             Error::ThreadStart { cause, .. } => cause.raw_os_error().unwrap_or(libc::EAGAIN),
+            Error::Socket { cause, .. } => cause.raw_os_error().unwrap_or(libc::EIO),
+            Error::SocketInUse { .. } => libc::EADDRINUSE,
         }
     }
 }

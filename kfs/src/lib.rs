@@ -5,6 +5,7 @@
 
 pub mod arena;
 pub mod crashtest;
+pub mod daemon;
 mod error;
 pub mod fsck;
 pub mod image;
@@ -22,5 +23,5 @@ pub mod volume;
 pub use error::{Error, Result};
 pub use fsck::{fsck, FsckReport};
 pub use image::{inspect, mkfs, mkfs_with, Image, ImageReport};
-pub use server::{Client, Direct, Kfs, ServerConfig, StatsSnapshot};
+pub use server::{Client, Detacher, Direct, Kfs, ServerConfig, StatsSnapshot};
 pub use volume::{Caller, Volume, WarmEntry, Warmer};

@@ -277,6 +277,9 @@ pub struct Kfs {
     doorbell: Doorbell,
     stats: Arc<Stats>,
     clients: Arc<Mutex<Vec<(u32, Client)>>>,
+    /// Clients to forget (see [`Kfs::detach`]).
+    leaving: Arc<Mutex<Vec<u32>>>,
+    /// Set when `clients` or `leaving` has news for the Kfs thread.
     new_clients: Arc<AtomicBool>,
     next_client: std::sync::atomic::AtomicU32,
     readers: Readers,
@@ -286,6 +289,38 @@ pub struct Kfs {
     order: Arc<Mutex<()>>,
     /// The image's path, for errors.
     path: std::path::PathBuf,
+}
+
+/// Detaches clients from Kfs ([`Kfs::detach`]) without holding the
+/// [`Kfs`] itself: one per thread watching a client's connection.
+#[derive(Debug)]
+pub struct Detacher {
+    leaving: Arc<Mutex<Vec<u32>>>,
+    new_clients: Arc<AtomicBool>,
+    /// To wake the Kfs thread (`None` if no mapping could be made: it
+    /// then sees the news on its next round).
+    doorbell: Option<Doorbell>,
+}
+
+impl Clone for Detacher {
+    fn clone(&self) -> Detacher {
+        Detacher {
+            leaving: self.leaving.clone(),
+            new_clients: self.new_clients.clone(),
+            doorbell: self.doorbell.as_ref().and_then(|d| d.map_again().ok()),
+        }
+    }
+}
+
+impl Detacher {
+    /// As [`Kfs::detach`].
+    pub fn detach(&self, id: u32) {
+        self.leaving.lock().push(id);
+        self.new_clients.store(true, Ordering::Release);
+        if let Some(d) = &self.doorbell {
+            d.wake();
+        }
+    }
 }
 
 /// The volume, locked by whoever applies requests (the Kfs thread, or a
@@ -461,6 +496,7 @@ impl Kfs {
         let stats = Arc::new(Stats::new());
         let clients = Arc::new(Mutex::new(Vec::new()));
         let new_clients = Arc::new(AtomicBool::new(false));
+        let leaving = Arc::new(Mutex::new(Vec::new()));
         let readers = Readers::default();
         let mut volume = volume;
         volume.set_readers(readers.clone());
@@ -482,11 +518,12 @@ impl Kfs {
         let io = Error::Region;
         let bell = doorbell.map_again().map_err(io)?;
         let thread = {
-            let (stop, crash, stats, clients, new_clients, shared, nudge) = (
+            let (stop, crash, stats, clients, leaving, new_clients, shared, nudge) = (
                 stop.clone(),
                 crash.clone(),
                 stats.clone(),
                 clients.clone(),
+                leaving.clone(),
                 new_clients.clone(),
                 shared.clone(),
                 nudge.clone(),
@@ -502,7 +539,7 @@ impl Kfs {
                         stats,
                         config,
                     };
-                    s.run(&stop, &clients, &new_clients);
+                    s.run(&stop, &clients, &leaving, &new_clients);
                     // Its hold on the region goes with the thread, as the
                     // volume's does: a stopped Kfs must not keep the image
                     // locked for as long as a client keeps a `Direct`.
@@ -530,6 +567,7 @@ impl Kfs {
             doorbell: doorbell.map_again().map_err(io)?,
             stats,
             clients,
+            leaving,
             new_clients,
             next_client: std::sync::atomic::AtomicU32::new(0),
             readers,
@@ -560,11 +598,29 @@ impl Kfs {
             v.attach_client(id, client.protector.clone(), client.protection);
         }
         let epochs = client.segment.map_again().map_err(Error::Region)?;
-        self.readers.lock().push(epochs);
+        self.readers.lock().push((id, epochs));
         self.clients.lock().push((id, client));
         self.new_clients.store(true, Ordering::Release);
         self.doorbell.wake();
         Ok(id)
+    }
+
+    /// Forgets client `id` (its process closed its connection or died):
+    /// the Kfs thread stops serving its slots and releases its leases,
+    /// pool pages, open files and reader epochs.
+    pub fn detach(&self, id: u32) {
+        self.leaving.lock().push(id);
+        self.new_clients.store(true, Ordering::Release);
+        self.doorbell.wake();
+    }
+
+    /// A handle that detaches clients from another thread.
+    pub fn detacher(&self) -> Detacher {
+        Detacher {
+            leaving: self.leaving.clone(),
+            new_clients: self.new_clients.clone(),
+            doorbell: self.doorbell.map_again().ok(),
+        }
     }
 
     /// Kfs's counters. Those the volume keeps itself (pre-located address
@@ -692,6 +748,7 @@ impl Server {
         &mut self,
         stop: &AtomicBool,
         incoming: &Mutex<Vec<(u32, Client)>>,
+        leaving: &Mutex<Vec<u32>>,
         new_clients: &AtomicBool,
     ) {
         let mut buf = [0u8; REQUEST_MAX];
@@ -703,6 +760,19 @@ impl Server {
         loop {
             if new_clients.swap(false, Ordering::AcqRel) {
                 self.clients.append(&mut incoming.lock());
+                let gone = std::mem::take(&mut *leaving.lock());
+                if !gone.is_empty() {
+                    self.clients.retain(|(id, _)| !gone.contains(id));
+                    if let Some(v) = self.volume.lock().as_mut() {
+                        for id in gone {
+                            // A client's leases, pool pages, opens and
+                            // reader epochs go with it; a failure here
+                            // (an unpin of a file already gone) leaves
+                            // nothing of it in use.
+                            let _ = v.detach_client(id);
+                        }
+                    }
+                }
             }
             let served = self.poll(&mut buf);
             if served > 0 {

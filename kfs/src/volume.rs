@@ -64,7 +64,7 @@ pub struct Caller {
 }
 
 /// The request segments whose epoch slots hold back reclamation.
-pub type Readers = Arc<Mutex<Vec<Segment>>>;
+pub type Readers = Arc<Mutex<Vec<(u32, Segment)>>>;
 
 /// An open file system.
 #[derive(Debug)]
@@ -163,7 +163,8 @@ impl Volume {
             return 0;
         };
         let readers = self.readers.lock();
-        let oldest = crate::arena::oldest_reader(readers.iter().flat_map(Segment::epochs), epoch);
+        let oldest =
+            crate::arena::oldest_reader(readers.iter().flat_map(|(_, s)| s.epochs()), epoch);
         drop(readers);
         self.ns.free_retired(oldest).unwrap_or(0) + self.pages.reclaim(oldest)
     }
@@ -394,10 +395,12 @@ impl Volume {
     }
 
     /// Forgets a client: its opens are closed, its leases and its unused
-    /// pool pages given back. In embedded mode nothing calls this yet (the
-    /// one client lives as long as Kfs); the daemon will, for a client
-    /// that closed or died.
+    /// pool pages given back, its reader epochs dropped. The daemon calls
+    /// this (through [`crate::Kfs::detach`]) for a client whose connection
+    /// closed; in embedded mode the one client lives as long as Kfs.
     pub fn detach_client(&mut self, client: u32) -> Result<(), Errno> {
+        // Its reader epochs no longer hold back reclamation.
+        self.readers.lock().retain(|(id, _)| *id != client);
         let Some(mut c) = self.data.clients.remove(&client) else {
             return Ok(());
         };

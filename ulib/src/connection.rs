@@ -89,6 +89,11 @@ pub(crate) struct Connection {
     closed: AtomicBool,
     segment: Segment,
     doorbell: Doorbell,
+    /// The connection to a Kfs daemon; `None` for a Kfs in this process.
+    /// It stays open while this process is attached: the daemon forgets
+    /// the client when it closes, and this side learns of the daemon's
+    /// end from it.
+    daemon: Option<std::os::unix::net::UnixStream>,
     /// The Kfs running in this process; `None` for one that is not.
     #[cfg(feature = "embedded")]
     embedded: Option<Embedded>,
@@ -112,16 +117,61 @@ impl Connection {
     /// segment Kfs serves) and `doorbell`, with no Kfs in this process:
     /// every request is queued to Kfs through the slots, as made with
     /// `creds`.
-    #[cfg_attr(not(feature = "embedded"), allow(dead_code))]
     pub(crate) fn queued(segment: Segment, doorbell: Doorbell, creds: Creds) -> Self {
         Connection {
             creds,
             closed: AtomicBool::new(false),
             segment,
             doorbell,
+            daemon: None,
             #[cfg(feature = "embedded")]
             embedded: None,
         }
+    }
+
+    /// A connection to the Kfs daemon at the other end of `socket`,
+    /// which handed this process `segment` and `doorbell`.
+    pub(crate) fn daemon(
+        segment: Segment,
+        doorbell: Doorbell,
+        creds: Creds,
+        socket: std::os::unix::net::UnixStream,
+    ) -> Self {
+        let mut conn = Connection::queued(segment, doorbell, creds);
+        conn.daemon = Some(socket);
+        conn
+    }
+
+    /// Whether this process may write file data into pages Kfs grants it:
+    /// not (yet) as a daemon's client, whose view of the image is
+    /// read-only.
+    #[inline]
+    pub(crate) fn writes_data(&self) -> bool {
+        self.daemon.is_none()
+    }
+
+    /// False once the daemon's end of the connection has closed (the
+    /// daemon stopped or died); always true for a Kfs in this process.
+    fn peer_alive(&self) -> bool {
+        let Some(socket) = &self.daemon else {
+            return true;
+        };
+        let mut byte = [0u8; 1];
+        let alive = match rustix::net::recv(
+            socket,
+            &mut byte,
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            // The daemon sends nothing after its welcome: 0 bytes is the
+            // end of the connection.
+            Ok((0, _)) => false,
+            Ok(_) => true,
+            Err(e) => e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR,
+        };
+        if !alive {
+            self.closed.store(true, Ordering::Release);
+        }
+        alive
     }
 
     /// Starts Kfs on `volume` in this process and connects to it, as a
@@ -215,7 +265,9 @@ impl Connection {
         if self.closed.load(Ordering::Acquire) {
             return Err(err(Errno::ENOTCONN));
         }
-        self.segment.call(slot, &self.doorbell, req).map_err(err)
+        self.segment
+            .call_while(slot, &self.doorbell, req, &|| self.peer_alive())
+            .map_err(err)
     }
 
     /// Sends `req` from `slot` (this thread's): applied directly if
@@ -305,6 +357,11 @@ impl Connection {
     /// or as a crash would (`crash`); the first call does it.
     pub(crate) fn stop(&self, crash: bool) -> io::Result<()> {
         self.closed.store(true, Ordering::Release);
+        if let Some(socket) = &self.daemon {
+            // The daemon forgets this client; its file system goes on.
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+            return Ok(());
+        }
         #[cfg(feature = "embedded")]
         if let Some(e) = &self.embedded {
             let kfs = e.kfs.lock().take();

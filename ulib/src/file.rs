@@ -486,6 +486,9 @@ impl File {
     /// caller's next write gets the error.
     fn write_locked(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
         let fs = &self.fs;
+        if !fs.conn.writes_data() {
+            return Err(err(Errno::EROFS));
+        }
         let slot = fs.slot()?;
         let end = offset + buf.len() as u64;
         let mut at = offset;

@@ -110,7 +110,7 @@ pub(crate) struct Inner {
     range_locks: Mutex<std::collections::HashMap<Ino, Weak<crate::range_lock::RangeLock>>>,
     free_slots: Mutex<Vec<usize>>,
     /// How requests reach Kfs.
-    conn: Connection,
+    pub(crate) conn: Connection,
     pub(crate) config: Config,
     geometry: Geometry,
 }
@@ -339,6 +339,29 @@ impl Inner {
     }
 }
 
+/// The geometry the newer valid superblock copy of `region` names.
+fn geometry_of(region: &RegionView) -> io::Result<Geometry> {
+    use kucofs_common::format::{Superblock, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE};
+    SUPERBLOCK_OFFSETS
+        .iter()
+        .filter_map(|&at| {
+            let mut b = [0u8; SUPERBLOCK_SIZE];
+            region.read(at, &mut b).ok()?;
+            Superblock::decode(&b).ok()
+        })
+        .max_by_key(|sb| sb.seq)
+        .map(|sb| sb.geometry)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the image {} was handed over has no valid superblock",
+                    region.path().display()
+                ),
+            )
+        })
+}
+
 pub(crate) fn bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
 }
@@ -394,6 +417,69 @@ impl Fs {
             let _ = (image, size);
             Err(crate::connection::unsupported())
         }
+    }
+
+    /// Attaches to the Kfs daemon (`kucofs serve IMAGE --socket PATH`)
+    /// listening on `socket`: this process becomes one of its clients,
+    /// reading the index and file data through read-only mappings it
+    /// hands over, and sending every change to it. Needs no `embedded`
+    /// feature. Writing file data from a daemon's client is not possible
+    /// yet (the daemon hands the image over read-only): a write fails
+    /// with `EROFS`.
+    pub fn connect(socket: impl AsRef<Path>) -> io::Result<Fs> {
+        Fs::connect_with(socket, Config::default())
+    }
+
+    /// [`Fs::connect`] with a chosen configuration (of which the umask
+    /// applies; the others are the daemon's).
+    pub fn connect_with(socket: impl AsRef<Path>, config: Config) -> io::Result<Fs> {
+        use kucofs_common::attach::{self, Hello, Welcome, WELCOME_FDS, WELCOME_SIZE};
+        let path = socket.as_ref();
+        let named = |e: io::Error, what: &str| {
+            io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+        };
+        let stream = std::os::unix::net::UnixStream::connect(path)
+            .map_err(|e| named(e, "cannot connect to the KucoFS daemon at"))?;
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        attach::send_with_fds(&stream, &Hello::current().encode(), &[])
+            .map_err(|e| named(e, "the KucoFS daemon at"))?;
+        let mut w = [0u8; WELCOME_SIZE];
+        let fds = attach::recv_with_fds(&stream, &mut w)
+            .map_err(|e| named(e, "no welcome from the KucoFS daemon at"))?;
+        let welcome = Welcome::decode(&w).map_err(err)?;
+        welcome.result.map_err(|e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!(
+                    "the KucoFS daemon at {} refused this client ({e}; it speaks protocol {}, this build {})",
+                    path.display(),
+                    welcome.version,
+                    kucofs_common::proto::PROTO_VERSION
+                ),
+            )
+        })?;
+        stream.set_read_timeout(None)?;
+        let Ok::<[std::os::fd::OwnedFd; WELCOME_FDS], _>([segment, doorbell, index, region]) =
+            fds.try_into()
+        else {
+            return Err(err(Errno::EPROTO));
+        };
+        let segment = kucofs_common::channel::Segment::from_fd(segment).map_err(common_err)?;
+        let doorbell = kucofs_common::channel::Doorbell::from_fd(doorbell).map_err(common_err)?;
+        let index =
+            ShmView::from_fd(index, "kucofs-index", welcome.index_reserve).map_err(common_err)?;
+        let region =
+            RegionView::from_file(std::fs::File::from(region), path).map_err(common_err)?;
+        let geometry = geometry_of(&region)?;
+        let creds = kucofs_common::proto::Creds {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        };
+        let conn = Connection::daemon(segment, doorbell, creds, stream);
+        let mut config = config;
+        config.direct = false;
+        config.protection = Protection::Off;
+        Ok(Fs::connected(conn, index, region, config, geometry))
     }
 
     /// Opens the file system in `image`, recovering it if it was not closed
@@ -464,7 +550,6 @@ impl Fs {
 
     /// A handle on the file system `conn` reaches, whose index and region
     /// this process reads through `index` and `region`.
-    #[cfg_attr(not(feature = "embedded"), allow(dead_code))]
     fn connected(
         conn: Connection,
         index: ShmView,

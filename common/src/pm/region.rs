@@ -416,6 +416,17 @@ impl Region {
         self.map.huge_bytes()
     }
 
+    /// A new descriptor of the image opened read-only, to hand to a
+    /// client process: what it maps through it can never be made
+    /// writable.
+    pub fn read_only_file(&self) -> Result<File> {
+        let path = format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&self.file)
+        );
+        File::open(&path).map_err(|e| Error::io("reopen image read-only", &self.path, e))
+    }
+
     /// A client's view of the same image: two more mappings of it, both
     /// read-only to start with. Reads go through one whose pages stay
     /// read-only for good; writes go through the other, a window whose
@@ -615,6 +626,25 @@ impl Protector {
 }
 
 impl RegionView {
+    /// A read-only view of the image `file` (a descriptor another process
+    /// handed over, opened read-only: the mapping can never be made
+    /// writable), named `path` in errors. It takes no lock: the process
+    /// that handed it holds the image.
+    pub fn from_file(file: File, path: &Path) -> Result<RegionView> {
+        let len = image_len(&file, path)?;
+        let (map, mode) = map_file(&file, path, len, false, Placement::Huge)?;
+        let map = Arc::new(map);
+        Ok(RegionView {
+            path: path.into(),
+            _file: Some(file),
+            window: map.clone(),
+            map,
+            mode,
+            flush: super::cpu::FlushInstr::detect(),
+            key: None,
+        })
+    }
+
     /// Opens an image read-only for inspection, under a shared lock (fails
     /// with [`Error::Locked`] while a Kfs has it open).
     pub fn open(path: &Path) -> Result<RegionView> {

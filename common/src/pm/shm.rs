@@ -112,6 +112,60 @@ impl Shm {
         })
     }
 
+    /// The same memory as another process maps it (through a descriptor
+    /// it was handed): read-write, `fd`'s whole current size, which it
+    /// keeps (a request segment or a doorbell, which never grow).
+    pub fn from_fd(fd: OwnedFd, name: &str) -> Result<Shm> {
+        let len = rustix::fs::fstat(&fd)
+            .map_err(|e| Error::io("inspect shared memory", name, e.into()))?
+            .st_size;
+        let len = u64::try_from(len).map_err(|_| Error::Unusable {
+            path: name.into(),
+            why: format!("a size of {len} bytes"),
+        })?;
+        if len == 0 {
+            return Err(Error::Unusable {
+                path: name.into(),
+                why: "it is empty".into(),
+            });
+        }
+        let map = map_fd(fd.as_fd(), name, len, true)?;
+        Ok(Shm {
+            name: name.into(),
+            fd,
+            map,
+            len: AtomicU64::new(len),
+            reserve: len,
+        })
+    }
+
+    /// The memory's descriptor, to hand to another process.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A new descriptor of the memory opened read-only: one another
+    /// process can map for reading only (`mmap` with `PROT_WRITE`, and
+    /// `mprotect` adding it to a shared mapping, fail with `EACCES`), and
+    /// cannot resize.
+    pub fn read_only_fd(&self) -> Result<OwnedFd> {
+        let path = format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+        );
+        rustix::fs::open(
+            path.as_str(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::io("reopen shared memory read-only", &self.name, e.into()))
+    }
+
+    /// Bytes of address space its mappings reserve.
+    pub fn reserved(&self) -> u64 {
+        self.reserve
+    }
+
     /// A read-only mapping of the same memory, as a client maps the index.
     pub fn view(&self) -> Result<ShmView> {
         Ok(ShmView {
@@ -318,6 +372,16 @@ impl Words for Shm {
 #[derive(Debug)]
 pub struct ShmView {
     map: Mapping,
+}
+
+impl ShmView {
+    /// A read-only mapping of `reserve` bytes of the memory behind `fd`
+    /// (as another process was handed it), which may grow up to that.
+    pub fn from_fd(fd: OwnedFd, name: &str, reserve: u64) -> Result<ShmView> {
+        Ok(ShmView {
+            map: map_fd(fd.as_fd(), name, reserve, false)?,
+        })
+    }
 }
 
 impl Words for ShmView {

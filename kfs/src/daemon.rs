@@ -1,0 +1,205 @@
+//! Kfs in a process of its own, serving client processes (ARCHITECTURE.md
+//! §2): it opens the image, starts the Kfs thread, and listens on a Unix
+//! socket. A client that connects says which protocol it speaks
+//! ([`Hello`]); the daemon makes it a request segment, attaches it to Kfs
+//! with the credentials the kernel gives for the socket's peer
+//! (`SO_PEERCRED`), and hands it ([`Welcome`]) the segment and the
+//! doorbell, and the index and the image opened read-only: nothing the
+//! client maps of those can be made writable. The connection then stays
+//! open; when it closes (the client closed the file system, or died) Kfs
+//! forgets the client: its leases, pool pages, open files and reader
+//! epochs.
+
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kucofs_common::attach::{recv_with_fds, send_with_fds, Hello, Welcome, HELLO_SIZE};
+use kucofs_common::channel::{Doorbell, Segment};
+use kucofs_common::pm::Protection;
+use kucofs_common::proto::{Creds, PROTO_VERSION};
+use kucofs_common::Errno;
+
+use crate::server::{Client, Detacher, Kfs, ServerConfig};
+use crate::volume::Volume;
+use crate::{Error, Result};
+
+/// How long a client that connected has to say hello.
+const HELLO_WAIT: Duration = Duration::from_secs(2);
+/// How often the accepting loop looks at the stop flag while idle.
+const STOP_POLL: Duration = Duration::from_millis(20);
+
+/// What the daemon hands every client: descriptors it duplicates for each.
+struct Handout {
+    doorbell: Doorbell,
+    index: OwnedFd,
+    index_reserve: u64,
+    region: std::fs::File,
+}
+
+/// Serves `image` to client processes connecting on `socket` until `stop`
+/// is set, then closes the image cleanly. `ready` runs once clients can
+/// connect. A socket file left by a daemon that is gone is replaced; one
+/// a live daemon answers on is an error.
+pub fn serve(
+    image: &Path,
+    socket: &Path,
+    config: ServerConfig,
+    stop: &AtomicBool,
+    ready: impl FnOnce(),
+) -> Result<()> {
+    let volume = Volume::open(image)?;
+    let shm = volume.namespace().shm();
+    let io = Error::Region;
+    let index = shm.read_only_fd().map_err(io)?;
+    let index_reserve = shm.reserved();
+    let region = volume.image().region().read_only_file().map_err(io)?;
+    let doorbell = Doorbell::create().map_err(io)?;
+    let listener = bind(socket)?;
+    let kfs = Kfs::start(volume, &doorbell, config)?;
+    let handout = Handout {
+        doorbell,
+        index,
+        index_reserve,
+        region,
+    };
+    ready();
+    let served = accept_until(socket, &listener, &kfs, &handout, stop);
+    drop(listener);
+    let _ = std::fs::remove_file(socket);
+    // Clients still attached meet a closed connection and `ENOTCONN`.
+    let closed = kfs.shutdown();
+    served.and(closed)
+}
+
+/// Listens on `socket`, replacing a socket file no daemon answers on.
+fn bind(socket: &Path) -> Result<UnixListener> {
+    let failed = |cause| Error::Socket {
+        path: socket.into(),
+        cause,
+    };
+    if socket.exists() {
+        if UnixStream::connect(socket).is_ok() {
+            return Err(Error::SocketInUse {
+                path: socket.into(),
+            });
+        }
+        std::fs::remove_file(socket).map_err(failed)?;
+    }
+    let listener = UnixListener::bind(socket).map_err(failed)?;
+    listener.set_nonblocking(true).map_err(failed)?;
+    Ok(listener)
+}
+
+fn accept_until(
+    socket: &Path,
+    listener: &UnixListener,
+    kfs: &Kfs,
+    handout: &Handout,
+    stop: &AtomicBool,
+) -> Result<()> {
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                // A client that fails its handshake is dropped: it meets a
+                // closed connection, and nothing of it stays at Kfs.
+                if let Ok((id, stream)) = welcome(stream, kfs, handout) {
+                    watch(id, stream, kfs.detacher());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(STOP_POLL);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(cause) => {
+                return Err(Error::Socket {
+                    path: socket.into(),
+                    cause,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The handshake with a client that connected: its hello, then its
+/// segment and descriptors, or the reason it is refused.
+fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<(u32, UnixStream)> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(HELLO_WAIT))?;
+    let mut hello = [0u8; HELLO_SIZE];
+    // A hello carries no descriptor; any that came are dropped here.
+    drop(recv_with_fds(&stream, &mut hello)?);
+    let refuse = |e: Errno| {
+        let w = Welcome {
+            version: PROTO_VERSION,
+            result: Err(e),
+            index_reserve: 0,
+        };
+        let _ = send_with_fds(&stream, &w.encode(), &[]);
+        std::io::Error::from(e)
+    };
+    match Hello::decode(&hello) {
+        Ok(h) if h.version == PROTO_VERSION => {}
+        _ => return Err(refuse(Errno::EPROTO)),
+    }
+    let peer = rustix::net::sockopt::socket_peercred(&stream)?;
+    let creds = Creds {
+        uid: peer.uid.as_raw(),
+        gid: peer.gid.as_raw(),
+    };
+    let segment = Segment::create().map_err(|_| refuse(Errno::ENOMEM))?;
+    let kfs_side = segment.map_again().map_err(|_| refuse(Errno::ENOMEM))?;
+    let id = kfs
+        .attach(Client {
+            segment: kfs_side,
+            creds,
+            // Kfs cannot change the protection of another process's
+            // mappings; the client's view of the image is read-only.
+            protector: None,
+            protection: Protection::Off,
+        })
+        .map_err(|_| refuse(Errno::EIO))?;
+    let w = Welcome {
+        version: PROTO_VERSION,
+        result: Ok(id),
+        index_reserve: handout.index_reserve,
+    };
+    let fds = [
+        segment.fd(),
+        handout.doorbell.fd(),
+        handout.index.as_fd(),
+        handout.region.as_fd(),
+    ];
+    if let Err(e) = send_with_fds(&stream, &w.encode(), &fds) {
+        kfs.detach(id);
+        return Err(e);
+    }
+    stream.set_read_timeout(None)?;
+    Ok((id, stream))
+}
+
+/// Waits, on a thread of its own, for client `id`'s connection to close,
+/// then has Kfs forget the client.
+fn watch(id: u32, mut stream: UnixStream, detacher: Detacher) {
+    let on_thread = detacher.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("kfs-client-{id}"))
+        .spawn(move || {
+            // A client sends nothing after its hello: whatever it sends
+            // is read and ignored until the connection closes.
+            let mut buf = [0u8; 64];
+            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+            on_thread.detach(id);
+        });
+    if let Err(e) = spawned {
+        // No thread to watch it: forget the client now (its connection
+        // closes with the failed closure) rather than keep what it holds
+        // for good.
+        eprintln!("kucofs serve: client {id} dropped: cannot start a thread: {e}");
+        detacher.detach(id);
+    }
+}

@@ -1,0 +1,307 @@
+//! `kucofs serve`: Kfs in a process of its own, and clients that attach to
+//! it with `Fs::connect`.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kucofs::{Fs, OpenOptions};
+
+/// A running `kucofs serve`.
+struct Daemon {
+    child: Child,
+}
+
+impl Daemon {
+    /// Serves `image` on `socket`, once clients can connect.
+    fn start(image: &Path, socket: &Path) -> Daemon {
+        let child = Command::new(env!("CARGO_BIN_EXE_kucofs"))
+            .arg("serve")
+            .arg(image)
+            .arg("--socket")
+            .arg(socket)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kucofs serve starts");
+        let mut d = Daemon { child };
+        // It says so on stderr once clients can connect.
+        let mut err = d.child.stderr.take().unwrap();
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while !line.ends_with(b"\n") && err.read(&mut byte).unwrap() == 1 {
+            line.push(byte[0]);
+        }
+        let line = String::from_utf8_lossy(&line).into_owned();
+        assert!(line.contains("serving"), "daemon said {line:?}");
+        d.child.stderr = Some(err);
+        d
+    }
+
+    /// Sends SIGTERM and returns its exit status and the rest of stderr.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = rustix::process::Pid::from_raw(self.child.id().cast_signed()).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let mut rest = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut rest)
+            .unwrap();
+        (self.child.wait().unwrap(), rest)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn setup(prefix: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+    let dir = support::shm_dir(prefix)?;
+    let image = dir.path().join("fs.img");
+    let socket = dir.path().join("kfs.sock");
+    // Made and filled in this process, then handed to the daemon.
+    let fs = Fs::create(&image, 64 << 20).unwrap();
+    fs.create_dir_all("docs/old").unwrap();
+    let mut f = fs.create_file_handle("docs/hello");
+    f.write_all(b"hello from before the daemon").unwrap();
+    drop(f);
+    fs.close().unwrap();
+    Some((dir, image, socket))
+}
+
+trait CreateHandle {
+    fn create_file_handle(&self, path: &str) -> kucofs::File;
+}
+
+impl CreateHandle for Fs {
+    fn create_file_handle(&self, path: &str) -> kucofs::File {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .open(self, path)
+            .unwrap()
+    }
+}
+
+/// Polls `f` until it is true or `limit` passes.
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}
+
+#[test]
+fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
+    let Some((_dir, image, socket)) = setup("kucofs-daemon-") else {
+        return;
+    };
+    let daemon = Daemon::start(&image, &socket);
+    let a = Fs::connect(&socket).unwrap();
+    let b = Fs::connect(&socket).unwrap();
+    // What was there, read through the read-only views.
+    let mut text = String::new();
+    kucofs::OpenOptions::new()
+        .read(true)
+        .open(&a, "docs/hello")
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    assert_eq!(text, "hello from before the daemon");
+    // Changes by one client are seen by the other.
+    a.create_dir_all("x/y").unwrap();
+    a.create_file("x/y/f").unwrap();
+    b.rename("x/y/f", "x/g").unwrap();
+    b.symlink("g", "x/link").unwrap();
+    assert!(a.metadata("x/g").unwrap().is_file());
+    assert!(!a.exists("x/y/f"));
+    assert_eq!(a.read_link("x/link").unwrap(), Path::new("g"));
+    let mut names: Vec<String> = a
+        .read_dir("x")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["g", "link", "y"]);
+    // Errors as the file system gives them.
+    assert_eq!(
+        b.create_dir("x").unwrap_err().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(
+        b.remove_dir("x").unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    // File data cannot be written from a daemon's client yet: it says so.
+    let mut f = a.create_file_handle("x/g");
+    assert_eq!(
+        f.write(b"data").unwrap_err().raw_os_error(),
+        Some(libc::EROFS)
+    );
+    drop(f);
+    a.close().unwrap();
+    b.close().unwrap();
+    let (status, said) = daemon.stop();
+    assert!(status.success(), "daemon exited {status:?}: {said}");
+    assert!(said.contains("closed cleanly"), "{said}");
+    assert!(!socket.exists(), "the socket is removed");
+    // Everything is in the image, which is clean.
+    let report = kucofs_kfs::fsck(&image).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let fs = Fs::open(&image).unwrap();
+    assert!(fs.metadata("x/g").unwrap().is_file());
+    assert!(fs.exists("docs/old"));
+    fs.close().unwrap();
+}
+
+#[test]
+fn a_client_gets_nothing_it_could_map_writable_but_its_own_segment() {
+    let Some((_dir, image, socket)) = setup("kucofs-daemon-ro-") else {
+        return;
+    };
+    let _daemon = Daemon::start(&image, &socket);
+    let fs = Fs::connect(&socket).unwrap();
+    assert!(fs.metadata("docs/hello").unwrap().is_file());
+    // Every mapping of the image and of the index in this process is
+    // read-only, and cannot be made writable.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mut tried = 0;
+    for line in maps.lines() {
+        let shared = line.contains("fs.img") || line.contains("kucofs-index");
+        if !shared {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let range = parts.next().unwrap();
+        let perms = parts.next().unwrap();
+        assert!(!perms.contains('w'), "writable mapping: {line}");
+        let (start, end) = range.split_once('-').unwrap();
+        let start = usize::from_str_radix(start, 16).unwrap();
+        let end = usize::from_str_radix(end, 16).unwrap();
+        // SAFETY: asking for more rights on a mapping this process holds;
+        // the call is expected to fail and changes nothing if it does. If
+        // it succeeded the assertion below fails the test.
+        let rc = unsafe {
+            libc::mprotect(
+                start as *mut libc::c_void,
+                end - start,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        assert_eq!(rc, -1, "a mapping was made writable: {line}");
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EACCES),
+            "{line}"
+        );
+        tried += 1;
+    }
+    assert!(tried >= 2, "found the image and index mappings:\n{maps}");
+    fs.close().unwrap();
+}
+
+#[test]
+fn a_client_that_goes_away_gives_back_its_write_lease() {
+    let Some((_dir, image, socket)) = setup("kucofs-daemon-lease-") else {
+        return;
+    };
+    let _daemon = Daemon::start(&image, &socket);
+    let a = Fs::connect(&socket).unwrap();
+    let b = Fs::connect(&socket).unwrap();
+    let open_for_writing = |fs: &Fs| OpenOptions::new().write(true).open(fs, "docs/hello");
+    let held = open_for_writing(&a).unwrap();
+    // Another process holds the file's write lease.
+    assert_eq!(
+        open_for_writing(&b).unwrap_err().raw_os_error(),
+        Some(libc::ETXTBSY)
+    );
+    // The holder's connection closes with its file still open: the daemon
+    // forgets the client, and its lease with it.
+    std::mem::forget(held);
+    a.close().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || open_for_writing(&b).is_ok()),
+        "the lease came back"
+    );
+    b.close().unwrap();
+}
+
+#[test]
+fn a_dead_daemon_is_enotconn_for_its_clients_not_a_hang() {
+    let Some((_dir, image, socket)) = setup("kucofs-daemon-dead-") else {
+        return;
+    };
+    let mut daemon = Daemon::start(&image, &socket);
+    let fs = Fs::connect(&socket).unwrap();
+    fs.create_file("before").unwrap();
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    let start = Instant::now();
+    let e = fs.create_file("after").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    // And so on for every later request.
+    assert_eq!(
+        fs.create_dir("d").unwrap_err().raw_os_error(),
+        Some(libc::ENOTCONN)
+    );
+    drop(fs);
+    drop(daemon);
+    // The image recovers: what was acknowledged is there.
+    let fs = Fs::open(&image).unwrap();
+    assert!(fs.metadata("before").unwrap().is_file());
+    fs.close().unwrap();
+}
+
+#[test]
+fn a_client_of_another_protocol_is_refused_with_a_reason() {
+    let Some((_dir, image, socket)) = setup("kucofs-daemon-hello-") else {
+        return;
+    };
+    let _daemon = Daemon::start(&image, &socket);
+    let mut s = UnixStream::connect(&socket).unwrap();
+    let hello = kucofs_common::attach::Hello { version: 1 };
+    s.write_all(&hello.encode()).unwrap();
+    let mut w = [0u8; kucofs_common::attach::WELCOME_SIZE];
+    s.read_exact(&mut w).unwrap();
+    let w = kucofs_common::attach::Welcome::decode(&w).unwrap();
+    assert_eq!(w.result, Err(kucofs_common::Errno::EPROTO));
+    assert_eq!(w.version, kucofs_common::proto::PROTO_VERSION);
+    // Then the daemon closes the connection.
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    // A second daemon on the same socket is refused; the first goes on.
+    let out = Command::new(env!("CARGO_BIN_EXE_kucofs"))
+        .arg("serve")
+        .arg(&image)
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("locked") || said.contains("already"),
+        "{said}"
+    );
+    let fs = Fs::connect(&socket).unwrap();
+    assert!(fs.exists("docs/hello"));
+    fs.close().unwrap();
+}
