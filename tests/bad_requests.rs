@@ -48,6 +48,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
         creds: Creds::default(),
         protector: None,
         protection: Default::default(),
+        staging: None,
     })
     .unwrap();
     let call = |slot: usize, req: &Request<'_>| seg.call(slot, &bell, req);

@@ -144,12 +144,29 @@ fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
         b.remove_dir("x").unwrap_err().raw_os_error(),
         Some(libc::ENOTEMPTY)
     );
-    // File data cannot be written from a daemon's client yet: it says so.
-    let mut f = a.create_file_handle("x/g");
-    assert_eq!(
-        f.write(b"data").unwrap_err().raw_os_error(),
-        Some(libc::EROFS)
+    // File data: Kfs copies it from the client's staging area. A write
+    // inside a page, one across many pages and past the staging area's
+    // size, unaligned, and an overwrite that keeps the bytes around it.
+    let mut model = Vec::new();
+    let put = |model: &mut Vec<u8>, at: usize, data: &[u8]| {
+        if model.len() < at + data.len() {
+            model.resize(at + data.len(), 0);
+        }
+        model[at..at + data.len()].copy_from_slice(data);
+    };
+    let f = a.create_file_handle("x/g");
+    let big: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
+    write_all_at(&f, b"hello", 3);
+    put(&mut model, 3, b"hello");
+    write_all_at(&f, &big, 5000);
+    put(&mut model, 5000, &big);
+    write_all_at(&f, b"middle", 700_001);
+    put(&mut model, 700_001, b"middle");
+    assert!(
+        read_all(&a, "x/g") == model,
+        "the writer reads its data back"
     );
+    assert!(read_all(&b, "x/g") == model, "another client reads it too");
     drop(f);
     a.close().unwrap();
     b.close().unwrap();
@@ -163,7 +180,30 @@ fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
     let fs = Fs::open(&image).unwrap();
     assert!(fs.metadata("x/g").unwrap().is_file());
     assert!(fs.exists("docs/old"));
+    assert!(read_all(&fs, "x/g") == model, "the data is in the image");
     fs.close().unwrap();
+}
+
+/// Writes all of `data` at `offset`.
+fn write_all_at(f: &kucofs::File, mut data: &[u8], mut offset: u64) {
+    while !data.is_empty() {
+        let n = f.write_at(data, offset).unwrap();
+        assert!(n > 0);
+        data = &data[n..];
+        offset += n as u64;
+    }
+}
+
+/// The whole of file `path`.
+fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    OpenOptions::new()
+        .read(true)
+        .open(fs, path)
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
+    got
 }
 
 #[test]

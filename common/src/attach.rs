@@ -1,10 +1,10 @@
 //! How a client process attaches to a Kfs daemon (ARCHITECTURE.md §2,
 //! §5): over a Unix stream socket, the client says which protocol it
 //! speaks ([`Hello`]); the daemon answers ([`Welcome`]) with the client's
-//! number and, as `SCM_RIGHTS`, the descriptors of its request segment
-//! and the doorbell (read-write) and of the index and the image (opened
-//! read-only, so that no mapping of them in the client can be made
-//! writable). The socket stays open while the client is attached: the
+//! number and, as `SCM_RIGHTS`, the descriptors of its request segment,
+//! the doorbell and its staging area (read-write) and of the index and
+//! the image (opened read-only, so that no mapping of them in the client
+//! can be made writable). The socket stays open while the client is attached: the
 //! daemon learns of the client's end when it closes, and the client of
 //! the daemon's.
 
@@ -20,8 +20,9 @@ use rustix::net::{
 use crate::proto::PROTO_VERSION;
 use crate::Errno;
 
-/// Descriptors a [`Welcome`] carries: segment, doorbell, index, image.
-pub const WELCOME_FDS: usize = 4;
+/// Descriptors a [`Welcome`] carries: segment, doorbell, index, image,
+/// staging area.
+pub const WELCOME_FDS: usize = 5;
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"KucoHelo");
 const WELCOME_MAGIC: u64 = u64::from_le_bytes(*b"KucoWelc");

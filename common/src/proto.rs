@@ -15,8 +15,8 @@ use crate::Errno;
 /// and the layout of the shared index the client reads (2: directory links
 /// carry their next node's hash tag; 3: a grant's reply carries up to
 /// [`GRANT_RUNS`] more runs; 4: a reply carries a kind tag, and the
-/// fields of its kind only).
-pub const PROTO_VERSION: u16 = 4;
+/// fields of its kind only; 5: [`Request::Write`]).
+pub const PROTO_VERSION: u16 = 5;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
@@ -175,7 +175,18 @@ pub enum Request<'a> {
         start: PageNo,
         pages: u32,
     },
+    /// Write the `len` bytes waiting in this slot's part of the client's
+    /// staging area (see [`STAGE_BYTES`]) into the file at `offset`, as
+    /// one commit: Kfs copies them into pages it takes itself, for a
+    /// client that cannot write into the image (a daemon's). Needs the
+    /// write lease. The reply is the file's size.
+    Write { ino: Ino, offset: u64, len: u32 },
 }
+
+/// Bytes of a slot's part of a client's staging area: the most one
+/// [`Request::Write`] carries (128 pages, so that an unaligned write
+/// spans at most 129, well inside a commit).
+pub const STAGE_BYTES: u64 = 128 * 4096;
 
 /// Flags of [`Request::Open`].
 pub mod open {
@@ -602,6 +613,7 @@ mod op {
     pub const COMMIT: u16 = 10;
     pub const TRUNCATE: u16 = 11;
     pub const UNPOOL: u16 = 12;
+    pub const WRITE: u16 = 13;
 }
 
 /// Bytes before the body: version u16, op u16, body length u32, and the
@@ -741,6 +753,12 @@ impl<'a> Request<'a> {
                 w.u64(*size);
                 op::TRUNCATE
             }
+            Request::Write { ino, offset, len } => {
+                w.u64(ino.get());
+                w.u64(*offset);
+                w.u32(*len);
+                op::WRITE
+            }
             Request::Unpool { slot, start, pages } => {
                 w.u32(*slot);
                 w.u64(start.get());
@@ -834,6 +852,11 @@ impl<'a> Request<'a> {
                 ino: Ino::new(r.u64()?),
                 size: r.u64()?,
             },
+            op::WRITE => Request::Write {
+                ino: Ino::new(r.u64()?),
+                offset: r.u64()?,
+                len: r.u32()?,
+            },
             op::UNPOOL => Request::Unpool {
                 slot: r.u32()?,
                 start: PageNo::new(r.u64()?),
@@ -853,7 +876,9 @@ impl<'a> Request<'a> {
             Request::Create { .. } | Request::Link { .. } => ReplyKind::Node,
             Request::Open { .. } => ReplyKind::Open,
             Request::Grant { .. } => ReplyKind::Grant,
-            Request::Commit { .. } | Request::Truncate { .. } => ReplyKind::Size,
+            Request::Commit { .. } | Request::Truncate { .. } | Request::Write { .. } => {
+                ReplyKind::Size
+            }
             Request::Unlink { .. }
             | Request::Rename { .. }
             | Request::SetAttr { .. }
@@ -883,6 +908,7 @@ impl<'a> Request<'a> {
             Request::Commit { .. } => RequestKind::Commit,
             Request::Truncate { .. } => RequestKind::Truncate,
             Request::Unpool { .. } => RequestKind::Unpool,
+            Request::Write { .. } => RequestKind::Write,
         }
     }
 }
@@ -920,13 +946,15 @@ pub enum RequestKind {
     Truncate,
     #[allow(missing_docs)]
     Unpool,
+    #[allow(missing_docs)]
+    Write,
     /// A request that failed to decode.
     Malformed,
 }
 
 impl RequestKind {
     /// Every kind, in display order.
-    pub const ALL: [RequestKind; 16] = [
+    pub const ALL: [RequestKind; 17] = [
         RequestKind::Create,
         RequestKind::Mkdir,
         RequestKind::Symlink,
@@ -942,6 +970,7 @@ impl RequestKind {
         RequestKind::Commit,
         RequestKind::Truncate,
         RequestKind::Unpool,
+        RequestKind::Write,
         RequestKind::Malformed,
     ];
 }
@@ -996,7 +1025,7 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..12u8, flip in any::<prop::sample::Index>(),
+            which in 0..13u8, flip in any::<prop::sample::Index>(),
             x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
             let req = match which {
@@ -1031,6 +1060,11 @@ mod tests {
                     slot: mode,
                     start: PageNo::new(x),
                     pages: low32(y),
+                },
+                11 => Request::Write {
+                    ino: Ino::new(x),
+                    offset: y,
+                    len: mode,
                 },
                 _ => Request::Ping,
             };

@@ -771,7 +771,7 @@ impl Base {
             Arc::new(Hardware::new()),
         )?;
         let mut v = Volume::open(&path)?;
-        v.attach_client(ME.client, None, Protection::Off);
+        v.attach_client(ME.client, None, Protection::Off, None);
         for a in starting_tree() {
             let refused = perform(&mut v, &a, &mut |_| {});
             if let Some(e) = refused {
@@ -1027,7 +1027,7 @@ impl Env<'_> {
         write_file(&self.work, &self.base.image)?;
         let rec = Arc::new(Recorder::new());
         let mut v = Volume::open_with(&self.work, rec.clone())?;
-        v.attach_client(ME.client, None, Protection::Off);
+        v.attach_client(ME.client, None, Protection::Off, None);
         let captured: Arc<Mutex<Vec<CrashState>>> = Arc::default();
         let sink = captured.clone();
         rec.on_fence(move |cp| sink.lock().push(cp.to_state()));
@@ -1334,7 +1334,7 @@ impl Checker {
 /// A recovered volume still works: a new file takes a page of data,
 /// reads it back, and leaves the rest of the tree as it was.
 fn keep_working(v: &mut Volume) -> std::result::Result<(), String> {
-    v.attach_client(ME.client, None, Protection::Off);
+    v.attach_client(ME.client, None, Protection::Off, None);
     let before = Tree::of(v);
     let len = PAGE + 10;
     let write = Action::Write(PROBE, Some(0), len, 0x77);

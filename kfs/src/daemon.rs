@@ -4,8 +4,10 @@
 //! ([`Hello`]); the daemon makes it a request segment, attaches it to Kfs
 //! with the credentials the kernel gives for the socket's peer
 //! (`SO_PEERCRED`), and hands it ([`Welcome`]) the segment and the
-//! doorbell, and the index and the image opened read-only: nothing the
-//! client maps of those can be made writable. The connection then stays
+//! doorbell and its staging area (where it leaves the data of its
+//! writes, which Kfs copies into the image), and the index and the image
+//! opened read-only: nothing the client maps of those can be made
+//! writable. The connection then stays
 //! open; when it closes (the client closed the file system, or died) Kfs
 //! forgets the client: its leases, pool pages, open files and reader
 //! epochs.
@@ -18,9 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kucofs_common::attach::{recv_with_fds, send_with_fds, Hello, Welcome, HELLO_SIZE};
-use kucofs_common::channel::{Doorbell, Segment};
-use kucofs_common::pm::Protection;
-use kucofs_common::proto::{Creds, PROTO_VERSION};
+use kucofs_common::channel::{Doorbell, Segment, SLOTS};
+use kucofs_common::pm::{Protection, Shm};
+use kucofs_common::proto::{Creds, PROTO_VERSION, STAGE_BYTES};
 use kucofs_common::Errno;
 
 use crate::server::{Client, Detacher, Kfs, ServerConfig};
@@ -153,6 +155,11 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
     };
     let segment = Segment::create().map_err(|_| refuse(Errno::ENOMEM))?;
     let kfs_side = segment.map_again().map_err(|_| refuse(Errno::ENOMEM))?;
+    // Where the client leaves the data of its writes, a part per slot;
+    // memory only where it writes.
+    let stage_len = STAGE_BYTES * SLOTS as u64;
+    let staging =
+        Shm::create("kucofs-staging", stage_len, stage_len).map_err(|_| refuse(Errno::ENOMEM))?;
     let id = kfs
         .attach(Client {
             segment: kfs_side,
@@ -161,6 +168,7 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
             // mappings; the client's view of the image is read-only.
             protector: None,
             protection: Protection::Off,
+            staging: Some(staging.map_again().map_err(|_| refuse(Errno::ENOMEM))?),
         })
         .map_err(|_| refuse(Errno::EIO))?;
     let w = Welcome {
@@ -173,6 +181,7 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
         handout.doorbell.fd(),
         handout.index.as_fd(),
         handout.region.as_fd(),
+        staging.fd(),
     ];
     if let Err(e) = send_with_fds(&stream, &w.encode(), &fds) {
         kfs.detach(id);

@@ -633,7 +633,8 @@ impl Namespace {
             | Request::Grant { .. }
             | Request::Commit { .. }
             | Request::Truncate { .. }
-            | Request::Unpool { .. } => Err(Errno::EINVAL),
+            | Request::Unpool { .. }
+            | Request::Write { .. } => Err(Errno::EINVAL),
         }
     }
 

@@ -266,6 +266,10 @@ pub struct Client {
     pub protector: Option<Protector>,
     /// When its committed pages become read-only again.
     pub protection: Protection,
+    /// Kfs's mapping of its staging area, for a client that cannot write
+    /// into the image itself (see
+    /// [`Request::Write`](kucofs_common::proto::Request::Write)).
+    pub staging: Option<kucofs_common::pm::Shm>,
 }
 
 /// A running Kfs thread.
@@ -595,7 +599,8 @@ impl Kfs {
     pub fn attach(&self, client: Client) -> Result<u32> {
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
         if let Some(v) = self.volume.lock().as_mut() {
-            v.attach_client(id, client.protector.clone(), client.protection);
+            let staging = client.staging.as_ref().and_then(|s| s.map_again().ok());
+            v.attach_client(id, client.protector.clone(), client.protection, staging);
         }
         let epochs = client.segment.map_again().map_err(Error::Region)?;
         self.readers.lock().push((id, epochs));
@@ -988,6 +993,7 @@ mod tests {
                 creds: Creds::default(),
                 protector: None,
                 protection: Protection::Off,
+                staging: None,
             })
             .unwrap();
         let direct = kfs.direct();

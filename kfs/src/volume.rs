@@ -358,6 +358,10 @@ pub(crate) struct ClientData {
     opens: IntMap<Ino, (u32, u32)>,
     /// Committed pages still writable, per slot (batched protection).
     pending: IntMap<u32, Pending>,
+    /// Its staging area, where a client that cannot write into the image
+    /// (a daemon's) leaves the data of its writes (see
+    /// [`Request::Write`](kucofs_common::proto::Request::Write)).
+    staging: Option<kucofs_common::pm::Shm>,
 }
 
 /// Leases and clients.
@@ -377,6 +381,7 @@ impl Volume {
         client: u32,
         protector: Option<Protector>,
         protection: Protection,
+        staging: Option<kucofs_common::pm::Shm>,
     ) {
         let view = protector.map(|protector| View {
             client,
@@ -389,6 +394,7 @@ impl Volume {
             ClientData {
                 view,
                 protection,
+                staging,
                 ..ClientData::default()
             },
         );
@@ -431,6 +437,20 @@ impl Volume {
                 hint,
             } => self.open_file(path, flags, mode, hint, caller),
             Request::Close { ino, write } => self.close_file(ino, write, caller),
+            // A client with a staging area (a daemon's) cannot write into
+            // the pages of a pool: they would hold whatever their last
+            // file left there, and it could commit them to read it. Its
+            // writes take pages through `Request::Write` only, so it
+            // never holds a pool to commit or give back either.
+            Request::Grant { .. }
+                if self
+                    .data
+                    .clients
+                    .get(&caller.client)
+                    .is_some_and(|c| c.staging.is_some()) =>
+            {
+                Err(Errno::EPERM)
+            }
             Request::Grant { pages } => self.grant(pages, caller),
             Request::Commit {
                 ino,
@@ -439,6 +459,7 @@ impl Volume {
                 extents,
             } => self.commit(ino, first, size, &extents, caller),
             Request::Truncate { ino, size } => self.truncate(ino, size, caller),
+            Request::Write { ino, offset, len } => self.write_staged(ino, offset, len, caller),
             Request::Unpool { slot, start, pages } => self.unpool(slot, start, pages, caller),
             _ => return None,
         })

@@ -94,6 +94,8 @@ pub(crate) struct Connection {
     /// the client when it closes, and this side learns of the daemon's
     /// end from it.
     daemon: Option<std::os::unix::net::UnixStream>,
+    /// A daemon's client's staging area (see [`Connection::staging`]).
+    staging: Option<kucofs_common::pm::Shm>,
     /// The Kfs running in this process; `None` for one that is not.
     #[cfg(feature = "embedded")]
     embedded: Option<Embedded>,
@@ -124,6 +126,7 @@ impl Connection {
             segment,
             doorbell,
             daemon: None,
+            staging: None,
             #[cfg(feature = "embedded")]
             embedded: None,
         }
@@ -136,18 +139,20 @@ impl Connection {
         doorbell: Doorbell,
         creds: Creds,
         socket: std::os::unix::net::UnixStream,
+        staging: kucofs_common::pm::Shm,
     ) -> Self {
         let mut conn = Connection::queued(segment, doorbell, creds);
         conn.daemon = Some(socket);
+        conn.staging = Some(staging);
         conn
     }
 
-    /// Whether this process may write file data into pages Kfs grants it:
-    /// not (yet) as a daemon's client, whose view of the image is
-    /// read-only.
+    /// The staging area of a daemon's client, which cannot write into
+    /// the image: its writes leave their data there for Kfs to copy
+    /// ([`Request::Write`]). `None` for a Kfs in this process.
     #[inline]
-    pub(crate) fn writes_data(&self) -> bool {
-        self.daemon.is_none()
+    pub(crate) fn staging(&self) -> Option<&kucofs_common::pm::Shm> {
+        self.staging.as_ref()
     }
 
     /// False once the daemon's end of the connection has closed (the
@@ -200,6 +205,7 @@ impl Connection {
                 creds,
                 protector,
                 protection,
+                staging: None,
             })
             .map_err(kfs_err)?;
         let mut conn = Connection::queued(segment, doorbell, creds);

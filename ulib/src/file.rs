@@ -23,7 +23,7 @@ use kucofs_common::index::blockmap::{
 };
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::{PoolWriter, Words};
-use kucofs_common::proto::{open, Extents, Request, COMMIT_PAGES_MAX};
+use kucofs_common::proto::{open, Extents, Request, COMMIT_PAGES_MAX, STAGE_BYTES};
 use kucofs_common::Errno;
 
 use crate::fs::{bytes, common_err, err, Fs, Inner};
@@ -486,10 +486,10 @@ impl File {
     /// caller's next write gets the error.
     fn write_locked(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
         let fs = &self.fs;
-        if !fs.conn.writes_data() {
-            return Err(err(Errno::EROFS));
-        }
         let slot = fs.slot()?;
+        if let Some(staging) = fs.conn.staging() {
+            return self.write_staged(slot, staging, buf, offset);
+        }
         let end = offset + buf.len() as u64;
         let mut at = offset;
         while at < end {
@@ -515,6 +515,37 @@ impl File {
             at = chunk_end;
         }
         Ok(to_len(at - offset))
+    }
+
+    /// [`File::write_locked`] for a daemon's client, which cannot write
+    /// into the image: each chunk of up to [`STAGE_BYTES`] goes into
+    /// `slot`'s part of the staging area, and Kfs copies it into the file
+    /// as one commit ([`Request::Write`]).
+    fn write_staged(
+        &self,
+        slot: usize,
+        staging: &kucofs_common::pm::Shm,
+        buf: &[u8],
+        offset: u64,
+    ) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(to_len(STAGE_BYTES));
+            staging
+                .write(slot as u64 * STAGE_BYTES, &buf[done..done + n])
+                .map_err(common_err)?;
+            let req = Request::Write {
+                ino: self.ino,
+                offset: offset + done as u64,
+                len: u32::try_from(n).expect("a chunk is at most STAGE_BYTES"),
+            };
+            match self.fs.call_as(slot, &req) {
+                Ok(_) => done += n,
+                Err(_) if done > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
     }
 
     /// Copies `data` (file bytes `at..end`, starting in file page `first`)

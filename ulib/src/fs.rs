@@ -423,9 +423,9 @@ impl Fs {
     /// listening on `socket`: this process becomes one of its clients,
     /// reading the index and file data through read-only mappings it
     /// hands over, and sending every change to it. Needs no `embedded`
-    /// feature. Writing file data from a daemon's client is not possible
-    /// yet (the daemon hands the image over read-only): a write fails
-    /// with `EROFS`.
+    /// feature. The daemon hands the image over read-only: file data this
+    /// process writes goes through a staging area, from which Kfs copies
+    /// it into the file, each write of up to 512 KiB one commit.
     pub fn connect(socket: impl AsRef<Path>) -> io::Result<Fs> {
         Fs::connect_with(socket, Config::default())
     }
@@ -459,8 +459,9 @@ impl Fs {
             )
         })?;
         stream.set_read_timeout(None)?;
-        let Ok::<[std::os::fd::OwnedFd; WELCOME_FDS], _>([segment, doorbell, index, region]) =
-            fds.try_into()
+        let Ok::<[std::os::fd::OwnedFd; WELCOME_FDS], _>(
+            [segment, doorbell, index, region, staging],
+        ) = fds.try_into()
         else {
             return Err(err(Errno::EPROTO));
         };
@@ -475,7 +476,12 @@ impl Fs {
             uid: rustix::process::geteuid().as_raw(),
             gid: rustix::process::getegid().as_raw(),
         };
-        let conn = Connection::daemon(segment, doorbell, creds, stream);
+        let staging =
+            kucofs_common::pm::Shm::from_fd(staging, "kucofs-staging").map_err(common_err)?;
+        if staging.len() != kucofs_common::proto::STAGE_BYTES * SLOTS as u64 {
+            return Err(err(Errno::EPROTO));
+        }
+        let conn = Connection::daemon(segment, doorbell, creds, stream, staging);
         let mut config = config;
         config.direct = false;
         config.protection = Protection::Off;

@@ -266,7 +266,7 @@ fn the_image_recovers_to_the_index_after_any_changes_and_retirements() {
         let path = dir.path().join("img");
         crate::mkfs(&path, 4 << 20, false).unwrap();
         let mut v = Volume::open(&path).unwrap();
-        v.attach_client(0, None, Default::default());
+        v.attach_client(0, None, Default::default(), None);
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         for d in ["a", "a/b", "c"] {
             let _ = handle(

@@ -12,13 +12,16 @@
 //! entries, puts the replaced pages to wait for their grace period, and
 //! fences the log entry before it replies.
 
+use kucofs_common::format::{PageNo, PAGE_LEN};
+use kucofs_common::index::blockmap::{entry_page, EntrySource, MapReader};
 use kucofs_common::index::blockmap::{MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
 use kucofs_common::index::{Ino, InodeOff};
-use kucofs_common::proto::{Extents, Reply, COMMIT_PAGES_MAX};
+use kucofs_common::proto::{Extents, Reply, COMMIT_PAGES_MAX, STAGE_BYTES};
 use kucofs_common::Errno;
 
 use super::grants::holder;
 use super::{Caller, Volume};
+use crate::pages::page_index;
 use crate::record::Record;
 
 impl Volume {
@@ -133,5 +136,97 @@ impl Volume {
         self.retire_replaced();
         self.maybe_checkpoint();
         Ok(())
+    }
+
+    /// A write whose data Kfs copies (ARCHITECTURE.md §2, daemon mode):
+    /// the `len` bytes in `caller`'s slot of its staging area go to the
+    /// file at `offset`, through pages Kfs takes for the caller's pool and
+    /// fills itself (with the file's old bytes around the write in its
+    /// first and last page), durable before the commit that publishes
+    /// them. The data is copied out of the staging area once, first: the
+    /// client may change the area at any time, and only its own write
+    /// would see that. One commit, unless the pages Kfs finds lie in more
+    /// runs than a commit carries: then the write is published a run of
+    /// commits at a time, each whole.
+    pub(super) fn write_staged(
+        &mut self,
+        ino: Ino,
+        offset: u64,
+        len: u32,
+        caller: Caller,
+    ) -> Result<Reply, Errno> {
+        let len64 = u64::from(len);
+        if len == 0 || len64 > STAGE_BYTES {
+            return Err(Errno::EINVAL);
+        }
+        let end = offset
+            .checked_add(len64)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(Errno::EFBIG)?;
+        let inode = self.leased(ino, caller)?;
+        let staging = self
+            .client(caller)?
+            .staging
+            .as_ref()
+            .ok_or(Errno::EOPNOTSUPP)?;
+        let mut data = vec![0u8; usize::try_from(len).map_err(|_| Errno::EINVAL)?];
+        staging
+            .try_read(u64::from(caller.slot) * STAGE_BYTES, &mut data)
+            .map_err(|_| Errno::EFAULT)?;
+        let (first, last) = (offset / PAGE, (end - 1) / PAGE);
+        let n = last - first + 1;
+        // The pages, taken into the caller's pool as a grant would.
+        let mut pages: Vec<u64> = Vec::new();
+        while (pages.len() as u64) < n {
+            let want = u32::try_from(n - pages.len() as u64).map_err(|_| Errno::EINVAL)?;
+            let g = self.grant(want, caller)?.into_grant()?;
+            for (s, k) in g.runs() {
+                pages.extend(s.get()..s.get() + k);
+            }
+        }
+        // More than asked for stays in the caller's pool, as a grant's
+        // unused pages do; they go back when the client goes.
+        pages.truncate(page_index(n));
+        let old_size = self.ns.shm_u64(inode.size());
+        let region = self.image.region();
+        let mut buf = vec![0u8; PAGE_LEN];
+        for (i, &dest) in pages.iter().enumerate() {
+            let page = first + i as u64;
+            let base = page * PAGE;
+            buf.fill(0);
+            let (from, to) = (offset.max(base), end.min(base + PAGE));
+            if from > base || to < base + PAGE {
+                // The file's bytes around the write, zeros past its end.
+                let keep = page_index(old_size.saturating_sub(base).min(PAGE));
+                let at = entry_page(MapReader::of_inode(self.ns.shm(), inode).entry(page));
+                if keep > 0 && !at.is_none() {
+                    region
+                        .read(at.byte_offset(), &mut buf[..keep])
+                        .map_err(|_| Errno::EIO)?;
+                }
+            }
+            let src = &data[page_index(from - offset)..page_index(to - offset)];
+            let at = page_index(from - base);
+            buf[at..at + src.len()].copy_from_slice(src);
+            region.write_nt(dest * PAGE, &buf).map_err(|_| Errno::EIO)?;
+        }
+        // Durable before the commit's entry, as a client's copy is.
+        region.fence();
+        let mut done = 0;
+        let mut size = old_size;
+        while done < pages.len() {
+            let mut extents = Extents::new();
+            let mut k = 0;
+            while done + k < pages.len() && extents.push(PageNo::new(pages[done + k]), 1) {
+                k += 1;
+            }
+            let chunk_first = first + done as u64;
+            let chunk_end = end.min((chunk_first + k as u64) * PAGE);
+            size = self
+                .commit(ino, chunk_first, chunk_end, &extents, caller)?
+                .into_size()?;
+            done += k;
+        }
+        Ok(Reply::Size(size))
     }
 }

@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use kucofs_common::format::PageNo;
-use kucofs_common::index::blockmap::PAGE;
+use kucofs_common::index::blockmap::{EntrySource, PAGE};
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::Recorder;
 use parking_lot::Mutex;
@@ -375,8 +375,8 @@ fn a_commit_fences_the_data_stored_before_it_ahead_of_its_entry() {
 /// Clients 0 (`ME`) and 1, without views; client 0 has file "f" open for
 /// writing. Returns client 1 and the open.
 fn two_clients_one_writing(v: &mut Volume) -> (Caller, Answer) {
-    v.attach_client(0, None, Default::default());
-    v.attach_client(1, None, Default::default());
+    v.attach_client(0, None, Default::default(), None);
+    v.attach_client(1, None, Default::default(), None);
     let f = open_for_write(v, ME, "f");
     assert_eq!(f.errno(), 0);
     (Caller { client: 1, ..ME }, f)
@@ -428,7 +428,12 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
 /// and its open for writing of file "f".
 fn batched_writer(v: &mut Volume) -> (kucofs_common::pm::RegionView, Answer) {
     let view = v.image().region().view().unwrap();
-    v.attach_client(0, view.protector(), kucofs_common::pm::Protection::Batched);
+    v.attach_client(
+        0,
+        view.protector(),
+        kucofs_common::pm::Protection::Batched,
+        None,
+    );
     let f = open_for_write(v, ME, "f");
     assert_eq!(f.errno(), 0);
     (view, f)
@@ -451,6 +456,7 @@ fn batched_writer_and_a_client_under_off(
         1,
         other_view.protector(),
         kucofs_common::pm::Protection::Off,
+        None,
     );
     (view, f, other_view, Caller { client: 1, ..ME })
 }
@@ -503,7 +509,7 @@ fn committed_pages_become_read_only_as_the_protection_mode_says() {
     let view = v.image().region().view().unwrap();
     for (client, mode) in [(0, Protection::Strict), (1, Protection::Batched)] {
         let me = Caller { client, ..ME };
-        v.attach_client(client, view.protector(), mode);
+        v.attach_client(client, view.protector(), mode, None);
         let f = open_for_write(&mut v, me, &format!("f{client}"));
         assert_eq!(f.errno(), 0);
         let g = v.handle(&Request::Grant { pages: 4 }, me);
@@ -760,7 +766,7 @@ fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed
 /// Attaches client 0 with no view, opens "f" for writing and grants the
 /// client `pages` pages: the file and the grant.
 fn a_file_and_a_grant(v: &mut Volume, pages: u32) -> (Answer, Answer) {
-    v.attach_client(0, None, Default::default());
+    v.attach_client(0, None, Default::default(), None);
     let f = open_for_write(v, ME, "f");
     let g = v.handle(&Request::Grant { pages }, ME);
     assert_eq!(g.errno(), 0);
@@ -874,7 +880,7 @@ fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
 fn a_truncating_open_changes_an_existing_file_and_reports_a_created_one() {
     use kucofs_common::proto::open::{CREATE, TRUNC, WRITE};
     let (_dir, _, mut v) = volume();
-    v.attach_client(0, None, Default::default());
+    v.attach_client(0, None, Default::default(), None);
     let open = |v: &mut Volume, flags| {
         let r = v.handle(
             &Request::Open {
@@ -1067,7 +1073,7 @@ fn chunks_granted_before_provisioning_reached_them_are_made_huge_after() {
     if !enable_huge_pages(&v) {
         return;
     }
-    v.attach_client(0, None, Default::default());
+    v.attach_client(0, None, Default::default(), None);
     while v.handle(&Request::Grant { pages: 4096 }, ME).errno() == 0 {}
     assert_eq!(v.pages().free_pages(), 0);
     if !provision_everything(&v) {
@@ -1162,7 +1168,7 @@ fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
     ] {
         let me = Caller { client, ..ME };
         let other_slot = Caller { slot: 1, ..me };
-        v.attach_client(client, view.protector(), mode);
+        v.attach_client(client, view.protector(), mode, None);
         let g = v.handle(&Request::Grant { pages: 4 }, other_slot);
         assert_eq!((g.errno(), g.value()), (0, 4));
         assert_eq!(perms(&view, g.page()), "rw");
@@ -1583,7 +1589,7 @@ fn a_target_page_given_up_during_replay_stays_the_stores_until_cleared() {
     let (_, store_pages) = crate::store::held_pages(&ns);
     assert!(store_pages.contains(&target_page), "{store_pages:?}");
     let mut v = Volume::open(&path).unwrap();
-    v.attach_client(0, None, Default::default());
+    v.attach_client(0, None, Default::default(), None);
     let grant = v.handle(&Request::Grant { pages: 64 }, ME);
     assert_eq!(grant.errno(), 0);
     for (s, n) in grant.granted() {
@@ -1593,4 +1599,76 @@ fn a_target_page_given_up_during_replay_stays_the_stores_until_cleared() {
     }
     v.close().unwrap();
     assert!(crate::fsck(&path).unwrap().problems.is_empty());
+}
+
+/// A write whose data Kfs copies from the caller's staging area lands in
+/// the file with the bytes around it kept; one that is empty, larger
+/// than a slot's staging area, past the largest file or without the
+/// write lease is refused.
+#[test]
+fn a_staged_write_is_copied_into_the_file_and_checked_first() {
+    use kucofs_common::proto::STAGE_BYTES;
+    let (_dir, _path, mut v) = volume();
+    let stage_len = STAGE_BYTES * kucofs_common::channel::SLOTS as u64;
+    let staging = kucofs_common::pm::Shm::create("kucofs-test", stage_len, stage_len).unwrap();
+    v.attach_client(
+        0,
+        None,
+        Default::default(),
+        Some(staging.map_again().unwrap()),
+    );
+    v.attach_client(1, None, Default::default(), None);
+    let f = open_for_write(&mut v, ME, "f");
+    let at = u64::from(ME.slot) * STAGE_BYTES;
+    let write = |v: &mut Volume, offset: u64, data: &[u8]| {
+        staging.write(at, data).unwrap();
+        let len = u32::try_from(data.len()).unwrap();
+        v.handle(
+            &Request::Write {
+                ino: f.ino(),
+                offset,
+                len,
+            },
+            ME,
+        )
+    };
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(write(&mut v, 10, &big).value(), 300_010);
+    assert_eq!(write(&mut v, 5000, b"inside").value(), 300_010);
+    let mut model = vec![0u8; 10];
+    model.extend_from_slice(&big);
+    model[5000..5006].copy_from_slice(b"inside");
+    let inode = f.inode();
+    let got: Vec<u8> = (0..300_010u64.div_ceil(PAGE))
+        .flat_map(|p| {
+            let e = kucofs_common::index::blockmap::entry_page(
+                kucofs_common::index::blockmap::MapReader::of_inode(v.ns.shm(), inode).entry(p),
+            );
+            let mut b = vec![0u8; 4096];
+            v.image().region().read(e.byte_offset(), &mut b).unwrap();
+            b
+        })
+        .take(300_010)
+        .collect();
+    assert!(got == model, "the file holds what was written");
+    // Refused: empty, larger than the staging area, past the largest file,
+    // without the lease.
+    let req = |offset, len| Request::Write {
+        ino: f.ino(),
+        offset,
+        len,
+    };
+    assert_eq!(v.handle(&req(0, 0), ME).errno(), libc::EINVAL);
+    let too_big = u32::try_from(STAGE_BYTES + 1).unwrap();
+    assert_eq!(v.handle(&req(0, too_big), ME).errno(), libc::EINVAL);
+    assert_eq!(v.handle(&req(u64::MAX - 2, 4), ME).errno(), libc::EFBIG);
+    let other = Caller { client: 1, ..ME };
+    assert_eq!(v.handle(&req(0, 4), other).errno(), libc::EBADF);
+    // Nor does it get a pool of pages to write into itself: it would hold
+    // what other files left there.
+    assert_eq!(
+        v.handle(&Request::Grant { pages: 4 }, ME).errno(),
+        libc::EPERM
+    );
+    v.close().unwrap();
 }
