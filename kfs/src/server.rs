@@ -268,7 +268,7 @@ pub struct Client {
     pub protection: Protection,
     /// Kfs's mapping of its staging area, for a client that cannot write
     /// into the image itself (see
-    /// [`Request::Write`](kucofs_common::proto::Request::Write)).
+    /// [`Request::Write`]).
     pub staging: Option<kucofs_common::pm::Shm>,
 }
 
