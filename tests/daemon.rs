@@ -19,7 +19,7 @@ struct Daemon {
 impl Daemon {
     /// Serves `image` on `socket`, once clients can connect.
     fn start(image: &Path, socket: &Path) -> Daemon {
-        let child = Command::new(env!("CARGO_BIN_EXE_kucofs"))
+        let child = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
             .arg("serve")
             .arg(image)
             .arg("--socket")
@@ -328,7 +328,7 @@ fn a_client_of_another_protocol_is_refused_with_a_reason() {
     s.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
     // A second daemon on the same socket is refused; the first goes on.
-    let out = Command::new(env!("CARGO_BIN_EXE_kucofs"))
+    let out = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
         .arg("serve")
         .arg(&image)
         .arg("--socket")
