@@ -63,32 +63,33 @@ impl Drop for Daemon {
     }
 }
 
-fn setup(prefix: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+/// An image made and filled in this process, then served by a daemon on
+/// a socket beside it (the directory goes when the test ends).
+struct Served {
+    _dir: tempfile::TempDir,
+    image: PathBuf,
+    socket: PathBuf,
+    daemon: Daemon,
+}
+
+fn serve(prefix: &str) -> Option<Served> {
     let dir = support::shm_dir(prefix)?;
     let image = dir.path().join("fs.img");
     let socket = dir.path().join("kfs.sock");
     // Made and filled in this process, then handed to the daemon.
     let fs = Fs::create(&image, 64 << 20).unwrap();
     fs.create_dir_all("docs/old").unwrap();
-    let mut f = fs.create_file_handle("docs/hello");
+    let mut f = kucofs::File::create(&fs, "docs/hello").unwrap();
     f.write_all(b"hello from before the daemon").unwrap();
     drop(f);
     fs.close().unwrap();
-    Some((dir, image, socket))
-}
-
-trait CreateHandle {
-    fn create_file_handle(&self, path: &str) -> kucofs::File;
-}
-
-impl CreateHandle for Fs {
-    fn create_file_handle(&self, path: &str) -> kucofs::File {
-        OpenOptions::new()
-            .write(true)
-            .create(true)
-            .open(self, path)
-            .unwrap()
-    }
+    let daemon = Daemon::start(&image, &socket);
+    Some(Served {
+        _dir: dir,
+        image,
+        socket,
+        daemon,
+    })
 }
 
 /// Polls `f` until it is true or `limit` passes.
@@ -105,10 +106,10 @@ fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
-    let Some((_dir, image, socket)) = setup("kucofs-daemon-") else {
+    let Some(s) = serve("kucofs-daemon-") else {
         return;
     };
-    let daemon = Daemon::start(&image, &socket);
+    let (image, socket) = (s.image.clone(), s.socket.clone());
     let a = Fs::connect(&socket).unwrap();
     let b = Fs::connect(&socket).unwrap();
     // What was there, read through the read-only views.
@@ -154,7 +155,7 @@ fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
         }
         model[at..at + data.len()].copy_from_slice(data);
     };
-    let f = a.create_file_handle("x/g");
+    let f = kucofs::File::create(&a, "x/g").unwrap();
     let big: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
     write_all_at(&f, b"hello", 3);
     put(&mut model, 3, b"hello");
@@ -170,7 +171,7 @@ fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
     drop(f);
     a.close().unwrap();
     b.close().unwrap();
-    let (status, said) = daemon.stop();
+    let (status, said) = s.daemon.stop();
     assert!(status.success(), "daemon exited {status:?}: {said}");
     assert!(said.contains("closed cleanly"), "{said}");
     assert!(!socket.exists(), "the socket is removed");
@@ -208,10 +209,10 @@ fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
 
 #[test]
 fn a_client_gets_nothing_it_could_map_writable_but_its_own_segment() {
-    let Some((_dir, image, socket)) = setup("kucofs-daemon-ro-") else {
+    let Some(s) = serve("kucofs-daemon-ro-") else {
         return;
     };
-    let _daemon = Daemon::start(&image, &socket);
+    let socket = s.socket.clone();
     let fs = Fs::connect(&socket).unwrap();
     assert!(fs.metadata("docs/hello").unwrap().is_file());
     // Every mapping of the image and of the index in this process is
@@ -254,10 +255,10 @@ fn a_client_gets_nothing_it_could_map_writable_but_its_own_segment() {
 
 #[test]
 fn a_client_that_goes_away_gives_back_its_write_lease() {
-    let Some((_dir, image, socket)) = setup("kucofs-daemon-lease-") else {
+    let Some(s) = serve("kucofs-daemon-lease-") else {
         return;
     };
-    let _daemon = Daemon::start(&image, &socket);
+    let socket = s.socket.clone();
     let a = Fs::connect(&socket).unwrap();
     let b = Fs::connect(&socket).unwrap();
     let open_for_writing = |fs: &Fs| OpenOptions::new().write(true).open(fs, "docs/hello");
@@ -280,14 +281,14 @@ fn a_client_that_goes_away_gives_back_its_write_lease() {
 
 #[test]
 fn a_dead_daemon_is_enotconn_for_its_clients_not_a_hang() {
-    let Some((_dir, image, socket)) = setup("kucofs-daemon-dead-") else {
+    let Some(mut s) = serve("kucofs-daemon-dead-") else {
         return;
     };
-    let mut daemon = Daemon::start(&image, &socket);
+    let (image, socket) = (s.image.clone(), s.socket.clone());
     let fs = Fs::connect(&socket).unwrap();
     fs.create_file("before").unwrap();
-    daemon.child.kill().unwrap();
-    daemon.child.wait().unwrap();
+    s.daemon.child.kill().unwrap();
+    s.daemon.child.wait().unwrap();
     let start = Instant::now();
     let e = fs.create_file("after").unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
@@ -302,7 +303,7 @@ fn a_dead_daemon_is_enotconn_for_its_clients_not_a_hang() {
         Some(libc::ENOTCONN)
     );
     drop(fs);
-    drop(daemon);
+    drop(s.daemon);
     // The image recovers: what was acknowledged is there.
     let fs = Fs::open(&image).unwrap();
     assert!(fs.metadata("before").unwrap().is_file());
@@ -311,10 +312,10 @@ fn a_dead_daemon_is_enotconn_for_its_clients_not_a_hang() {
 
 #[test]
 fn a_client_of_another_protocol_is_refused_with_a_reason() {
-    let Some((_dir, image, socket)) = setup("kucofs-daemon-hello-") else {
+    let Some(s) = serve("kucofs-daemon-hello-") else {
         return;
     };
-    let _daemon = Daemon::start(&image, &socket);
+    let (image, socket) = (s.image.clone(), s.socket.clone());
     let mut s = UnixStream::connect(&socket).unwrap();
     let hello = kucofs_common::attach::Hello { version: 1 };
     s.write_all(&hello.encode()).unwrap();

@@ -629,7 +629,8 @@ impl RegionView {
     /// A read-only view of the image `file` (a descriptor another process
     /// handed over, opened read-only: the mapping can never be made
     /// writable), named `path` in errors. It takes no lock: the process
-    /// that handed it holds the image.
+    /// that handed it holds the image (or, from [`RegionView::open`], the
+    /// file holds the lock it took).
     pub fn from_file(file: File, path: &Path) -> Result<RegionView> {
         let len = image_len(&file, path)?;
         let (map, mode) = map_file(&file, path, len, false, Placement::Huge)?;
@@ -653,18 +654,7 @@ impl RegionView {
             .open(path)
             .map_err(|e| Error::io("open image", path, e))?;
         lock(&file, path, FlockOperation::NonBlockingLockShared)?;
-        let len = image_len(&file, path)?;
-        let (map, mode) = map_file(&file, path, len, false, Placement::Huge)?;
-        let map = Arc::new(map);
-        Ok(RegionView {
-            path: path.into(),
-            _file: Some(file),
-            window: map.clone(),
-            map,
-            mode,
-            flush: super::cpu::FlushInstr::detect(),
-            key: None,
-        })
+        RegionView::from_file(file, path)
     }
 
     /// The image's path.

@@ -1448,16 +1448,22 @@ fn entry_records_with_a_bad_or_repeated_name_are_refused() {
         v.close().unwrap();
         rename_entry_record(&path, b"cd", to);
         let err = Volume::open(&path).unwrap_err();
-        let Error::Recovery {
-            cause: RecoveryError::Load(load),
-            ..
-        } = &err
-        else {
-            panic!("{err:?}");
-        };
+        let load = load_error(&err);
         assert!(check(load), "{load:?}");
         let err = err.to_string();
         assert!(err.contains(why), "{err}");
+    }
+}
+
+/// The store's load error an open failed with (a test failure for any
+/// other error).
+fn load_error(err: &Error) -> &crate::store::LoadError {
+    match err {
+        Error::Recovery {
+            cause: RecoveryError::Load(load),
+            ..
+        } => load,
+        _ => panic!("not a load error: {err:?}"),
     }
 }
 
@@ -1493,13 +1499,7 @@ fn a_damaged_inode_record_is_refused_with_its_fault() {
     f.write_all_at(&[b[0] ^ 0x5a], at).unwrap();
     drop(f);
     let err = Volume::open(&path).unwrap_err();
-    let Error::Recovery {
-        cause: RecoveryError::Load(load),
-        ..
-    } = &err
-    else {
-        panic!("{err:?}");
-    };
+    let load = load_error(&err);
     assert!(
         matches!(
             load,
