@@ -425,7 +425,8 @@ impl Fs {
     /// hands over, and sending every change to it. Needs no `embedded`
     /// feature. The daemon hands the image over read-only: file data this
     /// process writes goes through a staging area, from which Kfs copies
-    /// it into the file, each write of up to 512 KiB one commit.
+    /// it into the file, a chunk of up to 512 KiB at a time. `statfs` is
+    /// not answered for such a client yet (`ENOTCONN`).
     pub fn connect(socket: impl AsRef<Path>) -> io::Result<Fs> {
         Fs::connect_with(socket, Config::default())
     }
