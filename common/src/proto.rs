@@ -97,6 +97,16 @@ pub struct Creds {
     pub gid: u32,
 }
 
+impl Creds {
+    /// This process's effective user and group.
+    pub fn current() -> Creds {
+        Creds {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        }
+    }
+}
+
 /// One metadata request. Paths are relative to the file system's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {

@@ -105,10 +105,7 @@ fn format(region: &Region, path: &Path, geometry: Geometry) -> Result<Superblock
     }
     // The root directory, owned by whoever makes the file system, is the
     // store's first record, written as a retirement writes records.
-    let root = Creds {
-        uid: rustix::process::geteuid().as_raw(),
-        gid: rustix::process::getegid().as_raw(),
-    };
+    let root = Creds::current();
     let unusable = |why: String| kucofs_common::Error::Unusable {
         path: path.into(),
         why,

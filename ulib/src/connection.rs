@@ -193,10 +193,7 @@ impl Connection {
         use crate::fs::{common_err, kfs_err};
         let segment = Segment::create().map_err(common_err)?;
         let doorbell = Doorbell::create().map_err(common_err)?;
-        let creds = Creds {
-            uid: rustix::process::geteuid().as_raw(),
-            gid: rustix::process::getegid().as_raw(),
-        };
+        let creds = Creds::current();
         let kfs = kucofs_kfs::Kfs::start(volume, &doorbell, server).map_err(kfs_err)?;
         let direct = direct.then(|| kfs.direct());
         let client = kfs

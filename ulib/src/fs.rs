@@ -473,10 +473,7 @@ impl Fs {
         let region =
             RegionView::from_file(std::fs::File::from(region), path).map_err(common_err)?;
         let geometry = geometry_of(&region)?;
-        let creds = kucofs_common::proto::Creds {
-            uid: rustix::process::geteuid().as_raw(),
-            gid: rustix::process::getegid().as_raw(),
-        };
+        let creds = kucofs_common::proto::Creds::current();
         let staging =
             kucofs_common::pm::Shm::from_fd(staging, "kucofs-staging").map_err(common_err)?;
         if staging.len() != kucofs_common::proto::STAGE_BYTES * SLOTS as u64 {
