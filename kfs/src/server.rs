@@ -266,8 +266,9 @@ pub struct Client {
     pub protector: Option<Protector>,
     /// When its committed pages become read-only again.
     pub protection: Protection,
-    /// Kfs's mapping of its staging area, for a client that cannot write
-    /// into the image itself (see
+    /// Kfs's mapping of its staging area (moved to the volume when the
+    /// client is attached), for a client that cannot write into the image
+    /// itself (see
     /// [`Request::Write`]).
     pub staging: Option<kucofs_common::pm::Shm>,
 }
@@ -596,13 +597,20 @@ impl Kfs {
 
     /// Adds a client; Kfs serves it from its next poll. Returns the
     /// client's number (what its direct requests name as [`Caller::client`]).
-    pub fn attach(&self, client: Client) -> Result<u32> {
+    pub fn attach(&self, mut client: Client) -> Result<u32> {
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
-        if let Some(v) = self.volume.lock().as_mut() {
-            let staging = client.staging.as_ref().and_then(|s| s.map_again().ok());
-            v.attach_client(id, client.protector.clone(), client.protection, staging);
-        }
+        // Mapped before anything of the client is recorded: a client
+        // attached without its staging area would count as one that may
+        // hold a pool.
         let epochs = client.segment.map_again().map_err(Error::Region)?;
+        if let Some(v) = self.volume.lock().as_mut() {
+            v.attach_client(
+                id,
+                client.protector.clone(),
+                client.protection,
+                client.staging.take(),
+            );
+        }
         self.readers.lock().push((id, epochs));
         self.clients.lock().push((id, client));
         self.new_clients.store(true, Ordering::Release);

@@ -418,13 +418,17 @@ impl Volume {
         let _ = self.settle_protection();
         self.data.leases.retain(|_, &mut c| c != client);
         self.pages.release_client(client);
+        // Every open goes, whatever one of them answers.
+        let mut first_err = Ok(());
         for (ino, (n, _)) in c.opens {
             for _ in 0..n {
-                self.ns.unpin(ino)?;
+                if let Err(e) = self.ns.unpin(ino) {
+                    first_err = first_err.and(Err(e));
+                }
             }
         }
         self.retire_replaced();
-        Ok(())
+        first_err
     }
 
     /// Handles the data requests; `None` for any other.

@@ -175,19 +175,64 @@ impl Volume {
             .map_err(|_| Errno::EFAULT)?;
         let (first, last) = (offset / PAGE, (end - 1) / PAGE);
         let n = last - first + 1;
-        // The pages, taken into the caller's pool as a grant would.
+        // The pages, taken into the caller's pool as a grant would. A
+        // client that writes through its staging area never holds pool
+        // pages (it is refused grants): those not in the file when this
+        // returns go back, so that it cannot commit them unwritten.
         let mut pages: Vec<u64> = Vec::new();
         while (pages.len() as u64) < n {
             let want = u32::try_from(n - pages.len() as u64).map_err(|_| Errno::EINVAL)?;
-            let g = self.grant(want, caller)?.into_grant()?;
-            for (s, k) in g.runs() {
-                pages.extend(s.get()..s.get() + k);
+            match self.grant(want, caller).and_then(Reply::into_grant) {
+                Ok(g) => pages.extend(g.runs().flat_map(|(s, k)| s.get()..s.get() + k)),
+                Err(e) => {
+                    self.give_back(caller, &pages);
+                    return Err(e);
+                }
             }
         }
-        // More than asked for stays in the caller's pool, as a grant's
-        // unused pages do; they go back when the client goes.
-        pages.truncate(page_index(n));
         let old_size = self.ns.shm_u64(inode.size());
+        if let Err(e) = self.fill_staged(inode, old_size, offset, &data, &pages) {
+            self.give_back(caller, &pages);
+            return Err(e);
+        }
+        let mut done = 0;
+        let mut size = old_size;
+        while done < pages.len() {
+            let mut extents = Extents::new();
+            let mut k = 0;
+            while done + k < pages.len() && extents.push(PageNo::new(pages[done + k]), 1) {
+                k += 1;
+            }
+            let chunk_first = first + done as u64;
+            let chunk_end = end.min((chunk_first + k as u64) * PAGE);
+            match self
+                .commit(ino, chunk_first, chunk_end, &extents, caller)
+                .and_then(Reply::into_size)
+            {
+                Ok(s) => size = s,
+                Err(e) => {
+                    self.give_back(caller, &pages[done..]);
+                    return Err(e);
+                }
+            }
+            done += k;
+        }
+        Ok(Reply::Size(size))
+    }
+
+    /// Fills `pages` with file bytes from the page holding `offset`:
+    /// `data` at `offset`, the file's old bytes around it in the first and
+    /// last page (zeros past `old_size`), and makes them durable.
+    fn fill_staged(
+        &self,
+        inode: InodeOff,
+        old_size: u64,
+        offset: u64,
+        data: &[u8],
+        pages: &[u64],
+    ) -> Result<(), Errno> {
+        let end = offset + data.len() as u64;
+        let first = offset / PAGE;
         let region = self.image.region();
         let mut buf = vec![0u8; PAGE_LEN];
         for (i, &dest) in pages.iter().enumerate() {
@@ -212,21 +257,13 @@ impl Volume {
         }
         // Durable before the commit's entry, as a client's copy is.
         region.fence();
-        let mut done = 0;
-        let mut size = old_size;
-        while done < pages.len() {
-            let mut extents = Extents::new();
-            let mut k = 0;
-            while done + k < pages.len() && extents.push(PageNo::new(pages[done + k]), 1) {
-                k += 1;
-            }
-            let chunk_first = first + done as u64;
-            let chunk_end = end.min((chunk_first + k as u64) * PAGE);
-            size = self
-                .commit(ino, chunk_first, chunk_end, &extents, caller)?
-                .into_size()?;
-            done += k;
+        Ok(())
+    }
+
+    /// Gives `pages` of `caller`'s pool back to the free pages.
+    fn give_back(&mut self, caller: Caller, pages: &[u64]) {
+        for &p in pages {
+            self.undo_grant(caller, p, 1);
         }
-        Ok(Reply::Size(size))
     }
 }
