@@ -57,6 +57,8 @@ const _: () = assert!(REPLY_RECORD + REPLY_SIZE as u64 <= REQUEST_RECORD);
 const D_SLEEPING: u64 = 0;
 const D_BELL: u64 = 4;
 const DOORBELL_SIZE: u64 = 4096;
+/// Bytes of a request segment.
+const SEGMENT_SIZE: u64 = SLOTS_AT + SLOTS as u64 * SLOT_SIZE;
 
 /// How long a client spins for its reply before it yields, and then sleeps.
 const CLIENT_SPIN: Duration = Duration::from_micros(20);
@@ -79,7 +81,7 @@ pub struct Segment {
 impl Segment {
     /// A new segment with all slots free.
     pub fn create() -> crate::Result<Segment> {
-        let len = SLOTS_AT + SLOTS as u64 * SLOT_SIZE;
+        let len = SEGMENT_SIZE;
         let shm = Shm::create("kucofs-channel", len, len)?;
         shm.store_u64(H_SLOTS, SLOTS as u64, Ordering::Relaxed)?;
         shm.store_u64(H_MAGIC, MAGIC, Ordering::Release)?;
@@ -90,7 +92,7 @@ impl Segment {
     /// be one (its size and magic) before it is used.
     pub fn from_fd(fd: std::os::fd::OwnedFd) -> crate::Result<Segment> {
         let shm = Shm::from_fd(fd, "kucofs-channel")?;
-        let len = SLOTS_AT + SLOTS as u64 * SLOT_SIZE;
+        let len = SEGMENT_SIZE;
         let magic = shm.try_load_u64(H_MAGIC, Ordering::Acquire).ok();
         let slots = shm.try_load_u64(H_SLOTS, Ordering::Relaxed).ok();
         if shm.len() != len || magic != Some(MAGIC) || slots != Some(SLOTS as u64) {

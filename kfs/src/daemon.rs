@@ -57,7 +57,7 @@ pub fn serve(
     let shm = volume.namespace().shm();
     let io = Error::Region;
     let index = shm.read_only_fd().map_err(io)?;
-    let index_reserve = shm.reserved();
+    let index_reserve = shm.reserve();
     let region = volume.image().region().read_only_file().map_err(io)?;
     let doorbell = Doorbell::create().map_err(io)?;
     let listener = bind(socket)?;

@@ -420,11 +420,9 @@ impl Region {
     /// client process: what it maps through it can never be made
     /// writable.
     pub fn read_only_file(&self) -> Result<File> {
-        let path = format!(
-            "/proc/self/fd/{}",
-            std::os::fd::AsRawFd::as_raw_fd(&self.file)
-        );
-        File::open(&path).map_err(|e| Error::io("reopen image read-only", &self.path, e))
+        super::shm::reopen_read_only(self.file.as_fd())
+            .map(File::from)
+            .map_err(|e| Error::io("reopen image read-only", &self.path, e.into()))
     }
 
     /// A client's view of the same image: two more mappings of it, both

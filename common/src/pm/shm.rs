@@ -53,6 +53,19 @@ impl fmt::Debug for Shm {
     }
 }
 
+/// A new open file description of what `fd` names, read-only (through
+/// `/proc/self/fd`, which opens the file itself, not a copy of `fd`'s
+/// description): a descriptor to hand another process that can map it
+/// for reading only.
+pub(super) fn reopen_read_only(fd: BorrowedFd<'_>) -> rustix::io::Result<OwnedFd> {
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    rustix::fs::open(
+        path.as_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+}
+
 fn map_fd(fd: BorrowedFd<'_>, name: &str, len: u64, writable: bool) -> Result<Mapping> {
     let bad = |why: String| Error::Unusable {
         path: name.into(),
@@ -149,21 +162,8 @@ impl Shm {
     /// `mprotect` adding it to a shared mapping, fail with `EACCES`), and
     /// cannot resize.
     pub fn read_only_fd(&self) -> Result<OwnedFd> {
-        let path = format!(
-            "/proc/self/fd/{}",
-            std::os::fd::AsRawFd::as_raw_fd(&self.fd)
-        );
-        rustix::fs::open(
-            path.as_str(),
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| Error::io("reopen shared memory read-only", &self.name, e.into()))
-    }
-
-    /// Bytes of address space its mappings reserve.
-    pub fn reserved(&self) -> u64 {
-        self.reserve
+        reopen_read_only(self.fd.as_fd())
+            .map_err(|e| Error::io("reopen shared memory read-only", &self.name, e.into()))
     }
 
     /// A read-only mapping of the same memory, as a client maps the index.
