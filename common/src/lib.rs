@@ -8,6 +8,7 @@
 #[cfg(not(all(target_arch = "x86_64", target_endian = "little")))]
 compile_error!("KucoFS supports x86-64 only (little-endian media layout, clwb/clflushopt)");
 
+pub mod access;
 pub mod attach;
 pub mod channel;
 pub mod checksum;

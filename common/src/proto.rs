@@ -88,24 +88,7 @@ impl SetAttrs {
     }
 }
 
-/// Who asks: the credentials a change is made with.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Creds {
-    /// User id.
-    pub uid: u32,
-    /// Group id.
-    pub gid: u32,
-}
-
-impl Creds {
-    /// This process's effective user and group.
-    pub fn current() -> Creds {
-        Creds {
-            uid: rustix::process::geteuid().as_raw(),
-            gid: rustix::process::getegid().as_raw(),
-        }
-    }
-}
+pub use crate::access::Creds;
 
 /// One metadata request. Paths are relative to the file system's root.
 #[derive(Debug, Clone, PartialEq, Eq)]

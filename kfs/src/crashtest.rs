@@ -389,7 +389,7 @@ fn pattern(tag: u8, pos: u64) -> u8 {
 const ME: Caller = Caller {
     client: 0,
     slot: 0,
-    creds: Creds { uid: 0, gid: 0 },
+    creds: Creds::new(0, 0),
 };
 
 /// One node of a [`Tree`].

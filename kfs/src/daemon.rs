@@ -149,10 +149,7 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
         _ => return Err(refuse(Errno::EPROTO)),
     }
     let peer = rustix::net::sockopt::socket_peercred(&stream)?;
-    let creds = Creds {
-        uid: peer.uid.as_raw(),
-        gid: peer.gid.as_raw(),
-    };
+    let creds = Creds::new(peer.uid.as_raw(), peer.gid.as_raw());
     let segment = Segment::create().map_err(|_| refuse(Errno::ENOMEM))?;
     let kfs_side = segment.map_again().map_err(|_| refuse(Errno::ENOMEM))?;
     // Where the client leaves the data of its writes, a part per slot;

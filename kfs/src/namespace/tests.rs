@@ -4,10 +4,7 @@ use kucofs_common::proto::SetAttrs;
 
 use super::*;
 
-const ME: Creds = Creds {
-    uid: 1000,
-    gid: 100,
-};
+const ME: Creds = Creds::new(1000, 100);
 
 fn ns() -> Namespace {
     Namespace::new(Creds::default(), 1).unwrap()

@@ -9,7 +9,7 @@ use crate::volume::{Caller, Volume};
 const ME: Caller = Caller {
     client: 0,
     slot: 0,
-    creds: Creds { uid: 0, gid: 0 },
+    creds: Creds::new(0, 0),
 };
 
 /// A small deterministic generator (xorshift), so a failure names its seed.

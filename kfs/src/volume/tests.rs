@@ -62,7 +62,7 @@ impl Fields for Answer {
 const ME: Caller = Caller {
     client: 0,
     slot: 0,
-    creds: Creds { uid: 0, gid: 0 },
+    creds: Creds::new(0, 0),
 };
 
 fn shm_dir() -> tempfile::TempDir {

@@ -6,10 +6,7 @@ use kucofs_common::proto::{Creds, Request};
 use super::*;
 use crate::fsck::tests::problems;
 
-const ME: Creds = Creds {
-    uid: 1000,
-    gid: 100,
-};
+const ME: Creds = Creds::new(1000, 100);
 
 fn ns() -> Namespace {
     Namespace::new(Creds::default(), 1).unwrap()
