@@ -63,6 +63,11 @@ enum Command {
         /// daemon that is gone is replaced).
         #[arg(long)]
         socket: PathBuf,
+        /// Return once clients can connect, leaving the daemon running
+        /// in its own session (its messages still go to stderr; stop it
+        /// with SIGTERM, e.g. `kill PID` with the PID it prints).
+        #[arg(long)]
+        background: bool,
     },
     /// Crash every operation at every fence: recover each crash image the
     /// hardware allows (up to K torn cache lines) and check it; exits
@@ -116,7 +121,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(DAMAGED));
             }
         }
-        Command::Serve { image, socket } => {
+        Command::Serve {
+            image,
+            socket,
+            background,
+        } => {
+            let ready_pipe = if background {
+                match daemonize().context("serve --background")? {
+                    Side::Parent(code) => return Ok(code),
+                    Side::Child(pipe) => Some(pipe),
+                }
+            } else {
+                None
+            };
             on_stop_signals();
             kucofs_kfs::daemon::serve(
                 &image,
@@ -129,6 +146,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         image.display(),
                         socket.display()
                     );
+                    if let Some(pipe) = ready_pipe {
+                        // The parent waits for this byte; closing the pipe
+                        // lets it go.
+                        let _ = rustix::io::write(&pipe, b"r");
+                    }
                 },
             )
             .with_context(|| format!("serve {}", image.display()))?;
@@ -137,6 +159,64 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Crashtest(args) => explore::run(args)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Which process `daemonize` returned in.
+enum Side {
+    /// The command's own process, with the exit status to end with.
+    Parent(ExitCode),
+    /// The daemon, with the pipe that tells the parent it is ready.
+    Child(rustix::fd::OwnedFd),
+}
+
+/// Forks `kucofs serve --background`: the child becomes the daemon in a
+/// session of its own; the parent waits until the child says it serves
+/// (then prints its PID and succeeds) or ends (then fails: the child's
+/// stderr said why).
+fn daemonize() -> anyhow::Result<Side> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    // SAFETY: called from `run` before anything has started a thread (the
+    // daemon's threads start after this returns in the child), so the
+    // child is a complete copy of a single-threaded process.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    if pid == 0 {
+        drop(read);
+        // Out of the terminal's session and process group: the shell's
+        // job control and hang-up do not reach the daemon.
+        let _ = rustix::process::setsid();
+        // Nothing reads its stdin, and its stdout (where the parent prints
+        // the PID) must not keep a `$(kucofs serve --background …)` waiting.
+        if let Ok(null) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+        {
+            let _ = rustix::stdio::dup2_stdin(&null);
+            let _ = rustix::stdio::dup2_stdout(&null);
+        }
+        return Ok(Side::Child(write));
+    }
+    drop(write);
+    let mut byte = [0u8; 1];
+    let ready = loop {
+        match rustix::io::read(&read, &mut byte) {
+            Ok(n) => break n == 1,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if ready {
+        println!("{pid}");
+        return Ok(Side::Parent(ExitCode::SUCCESS));
+    }
+    let mut status = 0;
+    // SAFETY: `status` is a valid place for waitpid to write; `pid` is our
+    // child, which has ended or is ending (its end of the pipe closed).
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    Err(anyhow::anyhow!("the daemon ended before it could serve"))
 }
 
 /// Set by SIGTERM and SIGINT: `kucofs serve` stops.

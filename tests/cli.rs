@@ -337,3 +337,49 @@ fn exit_statuses_tell_usage_from_failure() {
     let o = kucofs(&["info", "/nonexistent/kucofs.img"]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
 }
+
+#[test]
+fn serve_in_the_background_returns_once_clients_can_connect() {
+    let dir = shm_dir();
+    let img = dir.path().join("a.img");
+    let sock = dir.path().join("s");
+    assert!(kucofs(&["mkfs", p(&img), "--size", "64M"]).status.success());
+    // Its stdout is read to the end: the daemon must not hold it open.
+    let o = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
+        .args(["serve", p(&img), "--socket", p(&sock), "--background"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .expect("run kucofs");
+    assert!(o.status.success(), "{o:?}");
+    let pid: i32 = stdout(&o).trim().parse().expect("the daemon's PID");
+    // Ready when it returned: the socket answers at once.
+    std::os::unix::net::UnixStream::connect(&sock).expect("the daemon answers");
+    // SAFETY: kill takes no pointers; `pid` is the daemon just started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sock.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not stop"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // It closed the image cleanly: it opens without recovery and checks.
+    let o = kucofs(&["fsck", p(&img)]);
+    assert!(o.status.success(), "{}", stdout(&o));
+
+    // One that cannot serve fails, and says so.
+    let o = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
+        .args([
+            "serve",
+            p(&dir.path().join("missing.img")),
+            "--socket",
+            p(&sock),
+            "--background",
+        ])
+        .output()
+        .expect("run kucofs");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("ended before it could serve"), "{err}");
+}
