@@ -20,6 +20,7 @@ pub mod harness;
 pub mod machine;
 pub mod medium;
 pub mod open;
+pub mod process;
 pub mod report;
 pub mod rng;
 pub mod suite;

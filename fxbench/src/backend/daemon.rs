@@ -7,7 +7,8 @@
 //! its connection, stops the daemon with SIGTERM (it closes the image
 //! cleanly) and removes the image. Options, joined with `+`: `size=SIZE`
 //! (default 4G), `sparse`, `image=PATH` (as for `kucofs`), `nohints`
-//! (collaborative indexing off), and `bin=PATH`, the `kucofs` binary to
+//! (collaborative indexing off), `keep` (the image is left in place,
+//! closed cleanly, at the end), and `bin=PATH`, the `kucofs` binary to
 //! run: by default `$KUCOFS_BIN`, else the `kucofs` beside this
 //! program's own executable (`cargo build --release --workspace` builds
 //! both).
@@ -43,6 +44,7 @@ struct Options {
     sparse: bool,
     image: PathBuf,
     collaborative: bool,
+    keep: bool,
     bin: Option<PathBuf>,
 }
 
@@ -55,19 +57,21 @@ impl Options {
             sparse: false,
             image: image_path("d"),
             collaborative: true,
+            keep: false,
             bin: None,
         };
         for opt in arg.split('+').filter(|o| !o.is_empty()) {
             match opt.split_once('=') {
                 None if opt == "sparse" => options.sparse = true,
                 None if opt == "nohints" => options.collaborative = false,
+                None if opt == "keep" => options.keep = true,
                 Some(("size", v)) => options.size = kucofs_common::size::parse_size(v)?,
                 Some(("image", v)) => options.image = PathBuf::from(v),
                 Some(("bin", v)) => options.bin = Some(PathBuf::from(v)),
                 _ => {
                     return Err(format!(
                         "unknown option `{opt}` (expected size=SIZE, sparse, image=PATH, \
-                         nohints or bin=PATH)"
+                         nohints, keep or bin=PATH)"
                     ))
                 }
             }
@@ -105,6 +109,8 @@ struct Daemon {
     child: Child,
     image: PathBuf,
     socket: PathBuf,
+    /// Leave the image in place when it stops.
+    keep: bool,
     /// The daemon's stderr, a line at a time, read by a thread of its own
     /// so that the pipe never fills (in a mutex only to make the backend
     /// `Sync`: this type alone reads it).
@@ -164,6 +170,7 @@ impl Daemon {
             child,
             image,
             socket,
+            keep: options.keep,
             said,
         };
         // It says so on stderr once it serves, or why it cannot.
@@ -237,7 +244,9 @@ impl Drop for Daemon {
             eprintln!("fxbench: {why}");
         }
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.image);
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.image);
+        }
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -403,7 +412,8 @@ mod tests {
 
     #[test]
     fn options_are_parsed_in_any_order_and_bad_ones_refused() {
-        let o = Options::parse("bin=/x/kucofs+sparse+size=64M+image=/tmp/d.img+nohints").unwrap();
+        let o =
+            Options::parse("bin=/x/kucofs+sparse+size=64M+image=/tmp/d.img+nohints+keep").unwrap();
         assert_eq!(
             o,
             Options {
@@ -411,11 +421,15 @@ mod tests {
                 sparse: true,
                 image: PathBuf::from("/tmp/d.img"),
                 collaborative: false,
+                keep: true,
                 bin: Some(PathBuf::from("/x/kucofs")),
             }
         );
         let d = Options::parse("").unwrap();
-        assert_eq!((d.size, d.sparse, d.collaborative), (4 << 30, false, true));
+        assert_eq!(
+            (d.size, d.sparse, d.collaborative, d.keep),
+            (4 << 30, false, true, false)
+        );
         assert!(d.image.starts_with("/dev/shm"), "{}", d.image.display());
         let msg = Options::parse("queued").unwrap_err();
         assert!(msg.contains("unknown option `queued`"), "{msg}");
@@ -447,7 +461,9 @@ mod tests {
         let spec = format!("kucofs-client:{}", sock.display());
         let msg = crate::error::chain(&DaemonBackend::connect(&spec, &sock).unwrap_err());
         assert!(msg.contains("cannot connect to the KucoFS daemon"), "{msg}");
-        let msg = crate::error::chain(&DaemonBackend::connect("kucofs-client:", Path::new("")).unwrap_err());
+        let msg = crate::error::chain(
+            &DaemonBackend::connect("kucofs-client:", Path::new("")).unwrap_err(),
+        );
         assert!(msg.contains("no socket given"), "{msg}");
     }
 }
