@@ -23,6 +23,7 @@ pub mod open;
 pub mod process;
 pub mod report;
 pub mod rng;
+pub mod roundtrip;
 pub mod suite;
 #[cfg(test)]
 mod testing;

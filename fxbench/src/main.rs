@@ -35,10 +35,42 @@ enum Command {
     /// Time opening a KucoFS image after a clean close and after a crash,
     /// by the number of files it holds (all in one directory).
     Open(OpenArgs),
+    /// Against a KucoFS daemon (`kucofs serve` on a fresh image): the
+    /// round trip of a client's requests (a ping, and each step of a
+    /// small file's life), beside the daemon's own service time per
+    /// request, which it reports at shutdown.
+    Roundtrip(RoundtripArgs),
     /// One worker process of `run --workers process` (started by `run`
     /// itself; it takes its orders on stdin).
     #[command(name = fxbench::process::SUBCOMMAND, hide = true)]
     Worker(WorkerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RoundtripArgs {
+    /// Calls timed of each kind.
+    #[arg(long, default_value_t = 20_000)]
+    requests: u64,
+    /// The kucofs-daemon backend's options (size=SIZE, sparse,
+    /// image=PATH, nohints, bin=PATH), joined with `+`.
+    #[arg(long, default_value = "size=256M")]
+    daemon: String,
+    /// Also write the figures as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn roundtrip(args: RoundtripArgs) -> anyhow::Result<()> {
+    let json = args.json.as_deref().map(ResultsFile::create).transpose()?;
+    let figures = fxbench::roundtrip::measure(&args.daemon, args.requests)?;
+    print!("{}", figures.table());
+    if let Some(mut file) = json {
+        file.write(&serde_json::json!({
+            "machine": Machine::describe(),
+            "roundtrip": figures,
+        }))?;
+    }
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -277,6 +309,7 @@ fn main() -> ExitCode {
         Command::Medium(args) => medium(args),
         Command::Open(args) => open(args),
         Command::Worker(args) => worker(args),
+        Command::Roundtrip(args) => roundtrip(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

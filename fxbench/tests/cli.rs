@@ -368,3 +368,61 @@ fn process_workers_make_the_files_they_count_on_a_directory_and_a_daemon() {
     left.sort();
     assert_eq!(left, ["dir", "img", "out.json"]);
 }
+
+#[test]
+fn roundtrip_times_a_daemons_client_and_reads_its_service_times() {
+    let Some(kucofs) = kucofs_binary() else {
+        println!("SKIPPED: no kucofs binary beside fxbench's, and no cargo to build one");
+        return;
+    };
+    let tmp = scratch();
+    let json = tmp.path().join("out.json");
+    let daemon = format!(
+        "size=64M+image={}+bin={}",
+        tmp.path().join("img").display(),
+        kucofs.display()
+    );
+    let out = fxbench(&[
+        "roundtrip",
+        "--requests",
+        "50",
+        "--daemon",
+        &daemon,
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let figures = &json["roundtrip"];
+    let client = figures["client"].as_array().unwrap();
+    let requests: Vec<_> = client
+        .iter()
+        .map(|c| c["request"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        requests,
+        ["Ping", "Create", "Open", "Write", "Close", "Unlink"]
+    );
+    let served = figures["served"].as_array().unwrap();
+    for c in client {
+        assert!(c["ns"].as_f64().unwrap() > 0.0, "{c}");
+        let request = c["request"].as_str().unwrap();
+        let s = served
+            .iter()
+            .find(|s| s["request"] == request)
+            .unwrap_or_else(|| panic!("the daemon served no {request}: {figures}"));
+        // Each step of a file's life is one request, 50 files; the pings
+        // are warm-up and 5 rounds of 50.
+        let count = s["count"].as_u64().unwrap();
+        match request {
+            "Ping" => assert_eq!(count, 1000 + 5 * 50, "{s}"),
+            _ => assert_eq!(count, 50, "{s}"),
+        }
+        assert!(table.lines().any(|l| l.contains(request)), "{table}");
+    }
+    // The daemon stopped and its image went.
+    let left = kernel_names_in(tmp.path());
+    assert_eq!(left, ["out.json"]);
+}

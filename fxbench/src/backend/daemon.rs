@@ -111,6 +111,8 @@ struct Daemon {
     socket: PathBuf,
     /// Leave the image in place when it stops.
     keep: bool,
+    /// What [`Daemon::stop`] found, once it has run.
+    stopped: Option<Result<String, String>>,
     /// The daemon's stderr, a line at a time, read by a thread of its own
     /// so that the pipe never fills (in a mutex only to make the backend
     /// `Sync`: this type alone reads it).
@@ -171,6 +173,7 @@ impl Daemon {
             image,
             socket,
             keep: options.keep,
+            stopped: None,
             said,
         };
         // It says so on stderr once it serves, or why it cannot.
@@ -181,12 +184,16 @@ impl Daemon {
                 let _ = daemon.child.kill();
                 let _ = daemon.child.wait();
                 let said = first.map_or_else(|_| daemon.rest(), |l| l + &daemon.rest());
-                Err(format!(
+                let why = format!(
                     "{} serve {} did not start serving: {}",
                     bin.display(),
                     daemon.image.display(),
                     said.trim()
-                ))
+                );
+                // Reaped: nothing is left to stop (its process id may be
+                // another's by now).
+                daemon.stopped = Some(Err(why.clone()));
+                Err(why)
             }
         }
     }
@@ -201,9 +208,13 @@ impl Daemon {
     }
 
     /// Stops the daemon with SIGTERM and waits for it to close the image
-    /// (killing it if it takes longer than [`STOP_WAIT`]); what went
-    /// wrong, if anything, in a sentence.
-    fn stop(&mut self) -> Result<(), String> {
+    /// (killing it if it takes longer than [`STOP_WAIT`]); what it said
+    /// since it started serving, or what went wrong, in a sentence. Only
+    /// the first call stops it; later ones return what the first did.
+    fn stop(&mut self) -> Result<String, String> {
+        if let Some(done) = &self.stopped {
+            return done.clone();
+        }
         let pid = rustix::process::Pid::from_raw(self.child.id().cast_signed());
         if let Some(pid) = pid {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
@@ -211,39 +222,43 @@ impl Daemon {
         let start = Instant::now();
         let status = loop {
             match self.child.try_wait() {
-                Ok(Some(status)) => break status,
+                Ok(Some(status)) => break Some(status),
                 Ok(None) if start.elapsed() < STOP_WAIT => {
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 _ => {
                     let _ = self.child.kill();
-                    return Err(format!(
-                        "kucofs serve {} did not stop within {STOP_WAIT:?}; killed",
-                        self.image.display()
-                    ));
+                    let _ = self.child.wait();
+                    break None;
                 }
             }
         };
-        if status.success() {
-            Ok(())
-        } else {
-            // The reader thread ends with the pipe; what is left is here.
-            std::thread::sleep(Duration::from_millis(50));
-            Err(format!(
-                "kucofs serve {} ended with {status}: {}",
+        // It has exited: the pipe is closed, and the reading thread ends
+        // once it has passed on the last line.
+        let said: String = self.said().iter().collect();
+        let done = match status {
+            Some(s) if s.success() => Ok(said),
+            Some(s) => Err(format!(
+                "kucofs serve {} ended with {s}: {}",
                 self.image.display(),
-                self.rest().trim()
-            ))
-        }
+                said.trim()
+            )),
+            None => Err(format!(
+                "kucofs serve {} did not stop within {STOP_WAIT:?}; killed",
+                self.image.display()
+            )),
+        };
+        self.stopped = Some(done.clone());
+        done
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Err(why) = self.stop() {
+        let reported = self.stopped.is_some();
+        if let (Err(why), false) = (self.stop(), reported) {
             eprintln!("fxbench: {why}");
         }
-        let _ = self.child.wait();
         if !self.keep {
             let _ = std::fs::remove_file(&self.image);
         }
@@ -351,6 +366,28 @@ impl DaemonBackend {
     }
 }
 
+impl DaemonBackend {
+    /// Detaches, stops the daemon this backend started, and returns what
+    /// the daemon said on stderr since it started serving (Kfs's counters
+    /// among it: see [`parse_served`]); `None` for a daemon this backend
+    /// did not start.
+    pub fn stop(mut self) -> Result<Option<String>> {
+        if let Some(fs) = self.fs.take() {
+            let _ = fs.close();
+        }
+        let Some(daemon) = self.daemon.as_mut() else {
+            return Ok(None);
+        };
+        daemon
+            .stop()
+            .map(Some)
+            .map_err(|why| Error::UnusableBackend {
+                spec: self.spec.clone(),
+                why,
+            })
+    }
+}
+
 impl Drop for DaemonBackend {
     fn drop(&mut self) {
         if let Some(fs) = self.fs.take() {
@@ -359,6 +396,36 @@ impl Drop for DaemonBackend {
         // Then the daemon stops (see `Daemon`'s drop).
         self.daemon.take();
     }
+}
+
+/// One kind of request a daemon served, as its log says at shutdown.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Served {
+    /// The request kind (`Create`, `Write`, ...).
+    pub request: String,
+    /// Requests served.
+    pub count: u64,
+    /// Their mean service time, in ns (Kfs times one request in 8).
+    pub mean_ns: u64,
+}
+
+/// The per-kind lines of Kfs's counters in a daemon's log
+/// (`kfs:   Create: 10 served, mean service time L = 900 ns`, as
+/// `StatsSnapshot`'s `Display` writes them), in order.
+pub fn parse_served(log: &str) -> Vec<Served> {
+    log.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("kfs:   ")?;
+            let (request, rest) = rest.split_once(": ")?;
+            let (count, rest) = rest.split_once(" served, mean service time L = ")?;
+            let mean = rest.strip_suffix(" ns")?;
+            Some(Served {
+                request: request.to_owned(),
+                count: count.parse().ok()?,
+                mean_ns: mean.parse().ok()?,
+            })
+        })
+        .collect()
 }
 
 impl Backend for DaemonBackend {
@@ -435,6 +502,40 @@ mod tests {
         assert!(msg.contains("unknown option `queued`"), "{msg}");
         assert!(msg.contains("bin=PATH"), "{msg}");
         assert!(Options::parse("size=lots").is_err());
+    }
+
+    #[test]
+    fn served_lines_are_read_back_from_kfs_counters() {
+        // Kfs's own counters, as an embedded one keeps them and a daemon
+        // prints them.
+        let tmp = crate::testing::tempdir();
+        let config = Config {
+            direct: false,
+            ..Config::default()
+        };
+        let image = tmp.path().join("img");
+        Fs::create(&image, 16 << 20).and_then(Fs::close).unwrap();
+        let fs = Fs::open_with(&image, config).unwrap();
+        fs.create_file("a").unwrap();
+        fs.create_dir("d").unwrap();
+        fs.remove_file("a").unwrap();
+        let stats = fs.kfs_stats().unwrap();
+        fs.close().unwrap();
+        let served = parse_served(&format!("kucofs: serving\n{stats}kucofs: closed\n"));
+        let expected: Vec<Served> = stats
+            .per_kind
+            .iter()
+            .map(|&(k, n, ns)| Served {
+                request: format!("{k:?}"),
+                count: n,
+                mean_ns: ns / n.max(1),
+            })
+            .collect();
+        assert!(
+            expected.iter().any(|s| s.request == "Mkdir"),
+            "{expected:?}"
+        );
+        assert_eq!(served, expected);
     }
 
     #[test]
