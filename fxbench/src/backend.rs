@@ -201,7 +201,7 @@ pub const KINDS: &[Kind] = &[
     Kind {
         name: "kucofs-daemon",
         usage: "kucofs-daemon[:size=SIZE+sparse+image=PATH+nohints+keep+bin=PATH]",
-        about: "KucoFS served by `kucofs serve` on a fresh image under /dev/shm, this program its client",
+        about: "KucoFS served by `kucofs serve` (from bin=, $KUCOFS_BIN, or beside fxbench) on a fresh image under /dev/shm, this program its client",
         open: DaemonBackend::start_boxed,
     },
     Kind {

@@ -44,7 +44,7 @@ use crate::workload::{Params, Workload};
 /// The hidden subcommand a worker process runs.
 pub const SUBCOMMAND: &str = "worker";
 /// How long a worker process may take to exit once its stdin closes.
-const EXIT_WAIT: Duration = Duration::from_secs(30);
+pub const EXIT_WAIT: Duration = Duration::from_secs(30);
 
 /// What the parent tells a worker process, one JSON line each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

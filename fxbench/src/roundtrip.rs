@@ -24,7 +24,7 @@ use crate::backend::daemon::{parse_served, DaemonBackend, Served};
 use crate::backend::Backend as _;
 
 /// Repetitions of the ping measurement; the median is reported.
-const ROUNDS: usize = 5;
+pub const ROUNDS: usize = 5;
 /// Pings before the timed ones, to have the daemon's thread awake and
 /// the caches warm.
 const WARM: u64 = 1000;
