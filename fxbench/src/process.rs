@@ -120,23 +120,30 @@ impl Failure {
             None => io::Error::new(source.kind(), format!("{}: {source}", self.op)),
         };
         OpFailure::new(
-            op.unwrap_or(WORKER_OP),
+            op.unwrap_or("operation"),
             &self.path,
-            io::Error::new(source.kind(), WorkerError { worker, source }),
+            io::Error::new(
+                source.kind(),
+                WorkerError {
+                    worker,
+                    error: source,
+                },
+            ),
         )
     }
 }
 
-/// What a failure in a worker process is named after when its operation
-/// is none the workloads use.
-const WORKER_OP: &str = "worker process";
+/// What a failure of a worker process itself is named after.
+pub(crate) const WORKER_OP: &str = "run worker processes in";
 
-/// An error a worker process reported, naming the worker.
+/// An error a worker process reported, naming the worker (the error's
+/// text is part of this one's, not a source of its own: it is said
+/// once).
 #[derive(Debug, thiserror::Error)]
-#[error("in worker process {worker}: {source}")]
+#[error("in worker process {worker}: {error}")]
 struct WorkerError {
     worker: usize,
-    source: io::Error,
+    error: io::Error,
 }
 
 /// What one worker process is to do: the arguments of its subcommand.
@@ -199,7 +206,7 @@ impl Processes {
         threads: usize,
         params: &Params,
     ) -> Result<Processes, OpFailure> {
-        let failed = |e| OpFailure::new("start worker processes for", dir, e);
+        let failed = |e| OpFailure::new(WORKER_OP, dir, e);
         let exe = std::env::current_exe().map_err(failed)?;
         let (tx, reports) = mpsc::channel();
         let mut crew = Processes {
@@ -259,18 +266,20 @@ impl Processes {
         Ok(crew)
     }
 
-    /// Sends `order` to worker `i`.
+    /// Sends `order` to worker `i`; a worker whose pipe is closed has
+    /// ended, and that is the failure.
     fn send(&mut self, i: usize, order: Order) -> Result<(), OpFailure> {
-        let dir = self.dir.clone();
-        let Some(pipe) = self.members[i].orders.as_mut() else {
-            return Err(self.lost(i));
+        let mut line = serde_json::to_vec(&order).expect("an order encodes");
+        line.push(b'\n');
+        let sent = match self.members[i].orders.as_mut() {
+            Some(pipe) => pipe.write_all(&line).is_ok(),
+            None => false,
         };
-        let mut line = serde_json::to_vec(&order).map_err(io::Error::other);
-        if let Ok(l) = &mut line {
-            l.push(b'\n');
+        if sent {
+            Ok(())
+        } else {
+            Err(self.lost(i))
         }
-        line.and_then(|l| pipe.write_all(&l))
-            .map_err(|e| OpFailure::new("send orders to worker processes in", &dir, e))
     }
 
     /// The next report, waiting at most `timeout` (`None`: for ever);
@@ -456,22 +465,33 @@ pub fn work(assignment: &Assignment) -> io::Result<()> {
         out.flush()
     };
     let dir = &assignment.dir;
-    let fs = match backend::open(&assignment.backend) {
-        Ok(fs) => fs,
-        Err(e) => {
-            let failure = OpFailure::new("open backend", dir, io::Error::other(chain(&e)));
-            return report(&Report::Failed((&failure).into()));
-        }
-    };
-    let worker = assignment
-        .workload
-        .worker(fs.as_ref(), dir, assignment.index, &assignment.params);
-    let mut worker = match worker {
-        Ok(w) => w,
-        Err(f) => return report(&Report::Failed((&f).into())),
-    };
+    // A worker that cannot start answers its first order with why, and
+    // waits for the end of its orders as the others do: the parent
+    // hears the reason, not a closed pipe.
+    let started = backend::open(&assignment.backend)
+        .map_err(|e| OpFailure::new("open backend", dir, io::Error::other(chain(&e))))
+        .and_then(|fs| {
+            let w = assignment.workload.worker(
+                fs.as_ref(),
+                dir,
+                assignment.index,
+                &assignment.params,
+            )?;
+            Ok((fs, w))
+        });
     let stop = Arc::new(AtomicBool::new(false));
     let orders = read_orders(stop.clone());
+    let (fs, mut worker) = match started {
+        Ok(s) => s,
+        Err(failure) => {
+            for order in orders {
+                if order != Order::Go {
+                    report(&Report::Failed((&failure).into()))?;
+                }
+            }
+            return Ok(());
+        }
+    };
     // What the last preparation allowed.
     let mut capacity = 0;
     for order in orders {
@@ -516,10 +536,12 @@ fn run(worker: &mut dyn Worker, fs: &dyn Backend, capacity: u64, stop: &AtomicBo
 
 /// The orders on stdin, read by a thread of their own: a `Stop` sets
 /// `stop` at once (the worker's loop is busy then), the others are passed
-/// on. The iterator ends with stdin.
+/// on. The iterator ends with stdin, which stops a round in progress
+/// too (the parent is gone, or gave up on the run).
 fn read_orders(stop: Arc<AtomicBool>) -> mpsc::IntoIter<Order> {
     let (tx, rx) = mpsc::channel();
     let read = move || {
+        let _end = StopOnDrop(stop.clone());
         for line in io::stdin().lock().lines() {
             let Ok(order) = line.map(|l| serde_json::from_str::<Order>(&l)) else {
                 break;
@@ -543,6 +565,16 @@ fn read_orders(stop: Arc<AtomicBool>) -> mpsc::IntoIter<Order> {
         .name("fxbench-orders".into())
         .spawn(read);
     rx.into_iter()
+}
+
+/// Sets its flag when dropped: when the thread reading orders ends,
+/// however it ends.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// An error and its sources in one line.
@@ -574,4 +606,58 @@ pub fn run_workers(
     let ended = crew.end();
     let outcome = outcome?;
     ended.map(|()| outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::chain;
+
+    #[test]
+    fn a_reported_failure_reads_as_the_workers_own_once() {
+        let f = OpFailure::new(
+            "create",
+            Path::new("run/w1/3"),
+            io::Error::from_raw_os_error(rustix::io::Errno::EXIST.raw_os_error()),
+        );
+        let back = Failure::from(&f).into_op_failure(1);
+        assert_eq!(
+            (back.op, back.path.as_path()),
+            ("create", Path::new("run/w1/3"))
+        );
+        assert_eq!(back.source.kind(), io::ErrorKind::AlreadyExists);
+        let msg = chain(&back);
+        assert!(
+            msg.starts_with("create run/w1/3: in worker process 1: "),
+            "{msg}"
+        );
+        assert_eq!(msg.matches("os error 17").count(), 1, "{msg}");
+        // An operation no workload names, and an error without an errno.
+        let odd = Failure {
+            op: "juggle".into(),
+            path: PathBuf::from("x"),
+            errno: None,
+            message: "dropped".into(),
+        };
+        let msg = chain(&odd.into_op_failure(0));
+        assert_eq!(msg, "operation x: in worker process 0: juggle: dropped");
+    }
+
+    #[test]
+    fn orders_and_reports_are_one_json_line_each() {
+        for order in [Order::Prepare { limit: 7 }, Order::Go, Order::Stop] {
+            let line = serde_json::to_string(&order).unwrap();
+            assert!(!line.contains('\n'));
+            assert_eq!(serde_json::from_str::<Order>(&line).unwrap(), order);
+        }
+        let report = Report::Failed(Failure {
+            op: "open".into(),
+            path: PathBuf::from("a\nb"),
+            errno: Some(2),
+            message: "gone".into(),
+        });
+        let line = serde_json::to_string(&report).unwrap();
+        assert!(!line.contains('\n'), "{line}");
+        assert_eq!(serde_json::from_str::<Report>(&line).unwrap(), report);
+    }
 }

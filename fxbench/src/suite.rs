@@ -248,7 +248,7 @@ fn setup_and_run(
             drop(workers);
             let spec = fs.attach_spec().ok_or_else(|| {
                 let why = "no other process can reach this file system";
-                OpFailure::new("start worker processes for", dir, io::Error::other(why))
+                OpFailure::new(crate::process::WORKER_OP, dir, io::Error::other(why))
             })?;
             crate::process::run_workers(&spec, workload, dir, threads, budget, params)
         }
