@@ -285,15 +285,19 @@ impl Processes {
     /// The next report, waiting at most `timeout` (`None`: for ever);
     /// `Ok(None)` if none came in time.
     fn next(&mut self, timeout: Option<Duration>) -> Result<Option<(usize, Report)>, OpFailure> {
+        // Every reading thread says `None` before it ends, and that is
+        // taken as its worker's end: the channel cannot close first.
+        let silent = || {
+            let why = io::Error::other("every worker process's reports ended");
+            OpFailure::new(WORKER_OP, &self.dir, why)
+        };
         let got = match timeout {
             Some(t) => match self.reports.recv_timeout(t) {
                 Ok(r) => r,
                 Err(mpsc::RecvTimeoutError::Timeout) => return Ok(None),
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(self.lost(0));
-                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(silent()),
             },
-            None => self.reports.recv().map_err(|_| self.lost(0))?,
+            None => self.reports.recv().map_err(|_| silent())?,
         };
         match got {
             (i, Some(report)) => Ok(Some((i, report))),

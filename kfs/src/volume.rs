@@ -271,7 +271,7 @@ impl Volume {
     /// Handles one request: check it, log it, apply it, and make the log
     /// entry durable before returning the reply.
     pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Result<Reply, Errno> {
-        if self.failed && !matches!(req, Request::Ping | Request::Close { .. }) {
+        if self.failed && !matches!(req, Request::Ping | Request::Close { .. } | Request::Statfs) {
             return Err(Errno::EIO);
         }
         self.fill_stock();
