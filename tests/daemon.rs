@@ -208,6 +208,40 @@ fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
 }
 
 #[test]
+fn a_client_asks_the_daemon_for_statfs() {
+    let Some(s) = serve("kucofs-daemon-statfs-") else {
+        return;
+    };
+    let (image, socket) = (s.image.clone(), s.socket.clone());
+    let a = Fs::connect(&socket).unwrap();
+    let b = Fs::connect(&socket).unwrap();
+    let empty = a.statfs().unwrap();
+    assert_eq!((empty.block_size, empty.name_max), (4096, 255));
+    assert!(empty.blocks_free < empty.blocks, "{empty:?}");
+    assert_eq!(empty.blocks_avail, empty.blocks_free);
+    // Each file made takes one of the inodes that may still be made.
+    a.create_file("f").unwrap();
+    a.create_file("g").unwrap();
+    let made = b.statfs().unwrap();
+    assert_eq!(made.files_free, empty.files_free - 2);
+    assert_eq!(made.files, empty.files);
+    // The pages a client's write makes its file hold, and no more.
+    let f = OpenOptions::new().write(true).open(&a, "f").unwrap();
+    write_all_at(&f, &[7u8; 10 * 4096], 0);
+    drop(f);
+    let written = b.statfs().unwrap();
+    assert_eq!(written.blocks_free, made.blocks_free - 10);
+    a.close().unwrap();
+    b.close().unwrap();
+    let (status, said) = s.daemon.stop();
+    assert!(status.success(), "daemon exited {status:?}: {said}");
+    // The daemon counted as Kfs in this process counts.
+    let fs = Fs::open(&image).unwrap();
+    assert_eq!(fs.statfs().unwrap(), written);
+    fs.close().unwrap();
+}
+
+#[test]
 fn a_client_gets_nothing_it_could_map_writable_but_its_own_segment() {
     let Some(s) = serve("kucofs-daemon-ro-") else {
         return;

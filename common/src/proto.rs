@@ -15,8 +15,8 @@ use crate::Errno;
 /// and the layout of the shared index the client reads (2: directory links
 /// carry their next node's hash tag; 3: a grant's reply carries up to
 /// [`GRANT_RUNS`] more runs; 4: a reply carries a kind tag, and the
-/// fields of its kind only; 5: [`Request::Write`]).
-pub const PROTO_VERSION: u16 = 5;
+/// fields of its kind only; 5: [`Request::Write`]; 6: [`Request::Statfs`]).
+pub const PROTO_VERSION: u16 = 6;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
@@ -174,6 +174,10 @@ pub enum Request<'a> {
     /// client that cannot write into the image (a daemon's). Needs the
     /// write lease. The reply is the file's size.
     Write { ino: Ino, offset: u64, len: u32 },
+    /// Report the file system's size and free space, as `statfs` does.
+    /// Replied [`Reply::Statfs`]: a client that cannot read Kfs's
+    /// counters (a daemon's) learns them this way.
+    Statfs,
 }
 
 /// Bytes of a slot's part of a client's staging area: the most one
@@ -371,6 +375,27 @@ impl Grant {
     }
 }
 
+/// What `statfs` reports, counted by Kfs ([`Reply::Statfs`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Statfs {
+    /// Bytes in a block (a data page).
+    pub block_size: u32,
+    /// Data pages in the file system.
+    pub blocks: u64,
+    /// Data pages no file nor the metadata store holds.
+    pub blocks_free: u64,
+    /// Free pages an unprivileged caller may use: all of them (none are
+    /// kept back for root).
+    pub blocks_avail: u64,
+    /// Inodes in use plus those the free space can still hold.
+    pub files: u64,
+    /// Inodes the free space can still hold, each with a short-named
+    /// entry.
+    pub files_free: u64,
+    /// Longest name.
+    pub name_max: u64,
+}
+
 /// Kfs's answer to a request that succeeded: one variant per shape of
 /// result, each request expecting one (see [`Request::reply_kind`]).
 /// Failures travel as the `Err` of a `Result<Reply, Errno>`.
@@ -392,6 +417,8 @@ pub enum Reply {
     Grant(Grant),
     /// Commit and truncate: the file's size after the change.
     Size(u64),
+    /// Statfs: the file system's size and free space.
+    Statfs(Statfs),
 }
 
 /// The shapes of [`Reply`], and the kind tag of its encoding.
@@ -408,6 +435,8 @@ pub enum ReplyKind {
     Grant = 4,
     #[allow(missing_docs)]
     Size = 5,
+    #[allow(missing_docs)]
+    Statfs = 6,
 }
 
 /// The kind tag of a failure's encoding.
@@ -416,7 +445,8 @@ const TAG_ERR: u8 = 0xff;
 // Reply encoding: byte 0 the kind tag; byte 1 an open's `created`; bytes
 // 4..8 a failure's errno or a node's generation; 8..16 a node's inode
 // number, a size, or a grant's first page; 16..24 a node's inode offset or
-// a grant's first count; then a grant's packed runs. Every other byte is 0.
+// a grant's first count; then a grant's packed runs. A statfs fills every
+// field from byte 4 (see `Reply::encode`). Every other byte is 0.
 const R_TAG: usize = 0;
 const R_CREATED: usize = 1;
 const R_WORD: usize = 4;
@@ -434,6 +464,7 @@ impl Reply {
             Reply::Open { .. } => ReplyKind::Open,
             Reply::Grant(_) => ReplyKind::Grant,
             Reply::Size(_) => ReplyKind::Size,
+            Reply::Statfs(_) => ReplyKind::Statfs,
         }
     }
 
@@ -471,6 +502,14 @@ impl Reply {
         }
     }
 
+    /// A statfs's figures; `EPROTO` for any other reply.
+    pub fn into_statfs(self) -> Result<Statfs, Errno> {
+        match self {
+            Reply::Statfs(s) => Ok(s),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
     /// The reply to a namespace change (ARCHITECTURE.md §6) of a request
     /// expecting `kind`, given the node the change named, if any: that
     /// node for a create or link, nothing for the others. `EIO` for a
@@ -479,7 +518,9 @@ impl Reply {
         match kind {
             ReplyKind::Node => node.map(Reply::Node).ok_or(Errno::EIO),
             ReplyKind::Done => Ok(Reply::Done),
-            ReplyKind::Open | ReplyKind::Grant | ReplyKind::Size => Err(Errno::EIO),
+            ReplyKind::Open | ReplyKind::Grant | ReplyKind::Size | ReplyKind::Statfs => {
+                Err(Errno::EIO)
+            }
         }
     }
 
@@ -508,6 +549,20 @@ impl Reply {
                         }
                     }
                     Reply::Size(s) => put(R_A, &s.to_le_bytes()),
+                    Reply::Statfs(s) => {
+                        put(R_WORD, &s.block_size.to_le_bytes());
+                        let words = [
+                            s.blocks,
+                            s.blocks_free,
+                            s.blocks_avail,
+                            s.files,
+                            s.files_free,
+                            s.name_max,
+                        ];
+                        for (i, w) in words.iter().enumerate() {
+                            put(R_A + 8 * i, &w.to_le_bytes());
+                        }
+                    }
                 }
                 if let Reply::Open { created: true, .. } = r {
                     put(R_CREATED, &[1]);
@@ -585,6 +640,24 @@ impl Reply {
                 Reply::Size(u64_at(R_A)),
                 zero(1..R_A) && zero(R_B..REPLY_SIZE),
             ),
+            ReplyKind::Statfs => {
+                let s = Statfs {
+                    block_size: u32_at(R_WORD),
+                    blocks: u64_at(R_A),
+                    blocks_free: u64_at(R_A + 8),
+                    blocks_avail: u64_at(R_A + 16),
+                    files: u64_at(R_A + 24),
+                    files_free: u64_at(R_A + 32),
+                    name_max: u64_at(R_A + 40),
+                };
+                // What Kfs counts: no more free than there are, no more
+                // available than free.
+                let ok = zero(1..R_WORD)
+                    && s.blocks_free <= s.blocks
+                    && s.blocks_avail <= s.blocks_free
+                    && s.files_free <= s.files;
+                (Reply::Statfs(s), ok)
+            }
         };
         if !ok {
             return Err(Errno::EPROTO);
@@ -607,6 +680,7 @@ mod op {
     pub const TRUNCATE: u16 = 11;
     pub const UNPOOL: u16 = 12;
     pub const WRITE: u16 = 13;
+    pub const STATFS: u16 = 14;
 }
 
 /// Bytes before the body: version u16, op u16, body length u32, and the
@@ -758,6 +832,7 @@ impl<'a> Request<'a> {
                 w.u32(*pages);
                 op::UNPOOL
             }
+            Request::Statfs => op::STATFS,
         };
         let len = out.len();
         // Strings are at most `STRING_MAX` bytes and commits at most
@@ -855,6 +930,7 @@ impl<'a> Request<'a> {
                 start: PageNo::new(r.u64()?),
                 pages: r.u32()?,
             },
+            op::STATFS => Request::Statfs,
             _ => return Err(Errno::EPROTO),
         };
         if !r.done() {
@@ -869,6 +945,7 @@ impl<'a> Request<'a> {
             Request::Create { .. } | Request::Link { .. } => ReplyKind::Node,
             Request::Open { .. } => ReplyKind::Open,
             Request::Grant { .. } => ReplyKind::Grant,
+            Request::Statfs => ReplyKind::Statfs,
             Request::Commit { .. } | Request::Truncate { .. } | Request::Write { .. } => {
                 ReplyKind::Size
             }
@@ -902,6 +979,7 @@ impl<'a> Request<'a> {
             Request::Truncate { .. } => RequestKind::Truncate,
             Request::Unpool { .. } => RequestKind::Unpool,
             Request::Write { .. } => RequestKind::Write,
+            Request::Statfs => RequestKind::Statfs,
         }
     }
 }
@@ -941,13 +1019,15 @@ pub enum RequestKind {
     Unpool,
     #[allow(missing_docs)]
     Write,
+    #[allow(missing_docs)]
+    Statfs,
     /// A request that failed to decode.
     Malformed,
 }
 
 impl RequestKind {
     /// Every kind, in display order.
-    pub const ALL: [RequestKind; 17] = [
+    pub const ALL: [RequestKind; 18] = [
         RequestKind::Create,
         RequestKind::Mkdir,
         RequestKind::Symlink,
@@ -964,6 +1044,7 @@ impl RequestKind {
         RequestKind::Truncate,
         RequestKind::Unpool,
         RequestKind::Write,
+        RequestKind::Statfs,
         RequestKind::Malformed,
     ];
 }
@@ -1018,7 +1099,7 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..13u8, flip in any::<prop::sample::Index>(),
+            which in 0..14u8, flip in any::<prop::sample::Index>(),
             x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
             let req = match which {
@@ -1059,6 +1140,7 @@ mod tests {
                     offset: y,
                     len: mode,
                 },
+                12 => Request::Statfs,
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();
@@ -1128,15 +1210,40 @@ mod tests {
             (node(), any::<bool>()).prop_map(|(node, created)| Reply::Open { node, created }),
             grant().prop_map(Reply::Grant),
             any::<u64>().prop_map(Reply::Size),
+            statfs().prop_map(Reply::Statfs),
         ]
     }
 
-    const KINDS: [ReplyKind; 5] = [
+    /// Figures as Kfs counts them: no more free than there are.
+    fn statfs() -> impl Strategy<Value = Statfs> {
+        (
+            any::<u32>(),
+            any::<[u64; 3]>(),
+            any::<[u64; 2]>(),
+            any::<u64>(),
+        )
+            .prop_map(|(block_size, mut blocks, mut files, name_max)| {
+                blocks.sort_unstable();
+                files.sort_unstable();
+                Statfs {
+                    block_size,
+                    blocks: blocks[2],
+                    blocks_free: blocks[1],
+                    blocks_avail: blocks[0],
+                    files: files[1],
+                    files_free: files[0],
+                    name_max,
+                }
+            })
+    }
+
+    const KINDS: [ReplyKind; 6] = [
         ReplyKind::Done,
         ReplyKind::Node,
         ReplyKind::Open,
         ReplyKind::Grant,
         ReplyKind::Size,
+        ReplyKind::Statfs,
     ];
 
     proptest! {
@@ -1197,7 +1304,7 @@ mod tests {
                 "{e}"
             );
         }
-        for tag in [0, 6, 0x7f, 0xfe] {
+        for tag in [0, 7, 0x7f, 0xfe] {
             let mut b = [0u8; REPLY_SIZE];
             b[R_TAG] = tag;
             for k in KINDS {
@@ -1299,6 +1406,48 @@ mod tests {
         assert_eq!(Reply::Size(5).into_grant(), Err(Errno::EPROTO));
         assert_eq!(Reply::Size(5).into_size(), Ok(5));
         assert_eq!(Reply::Done.into_size(), Err(Errno::EPROTO));
+    }
+
+    #[test]
+    fn a_statfs_reply_carries_every_figure_and_refuses_impossible_ones() {
+        assert_eq!(Request::Statfs.reply_kind(), ReplyKind::Statfs);
+        let s = Statfs {
+            block_size: 4096,
+            blocks: 1000,
+            blocks_free: 600,
+            blocks_avail: 600,
+            files: 900,
+            files_free: 800,
+            name_max: 255,
+        };
+        let b = Reply::encode(&Ok(Reply::Statfs(s)));
+        let back = Reply::decode(&b, ReplyKind::Statfs).and_then(Reply::into_statfs);
+        assert_eq!(back, Ok(s));
+        assert_eq!(Reply::Size(1).into_statfs(), Err(Errno::EPROTO));
+        // More free than there are, more available than free, more free
+        // inodes than inodes.
+        for bad in [
+            Statfs {
+                blocks_free: 1001,
+                blocks_avail: 0,
+                ..s
+            },
+            Statfs {
+                blocks_avail: 601,
+                ..s
+            },
+            Statfs {
+                files_free: 901,
+                ..s
+            },
+        ] {
+            let b = Reply::encode(&Ok(Reply::Statfs(bad)));
+            assert_eq!(Reply::decode(&b, ReplyKind::Statfs), Err(Errno::EPROTO));
+        }
+        // A byte between the tag and the block size.
+        let mut b = Reply::encode(&Ok(Reply::Statfs(s)));
+        b[2] = 1;
+        assert_eq!(Reply::decode(&b, ReplyKind::Statfs), Err(Errno::EPROTO));
     }
 
     #[test]

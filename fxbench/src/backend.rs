@@ -13,6 +13,7 @@
 //! workload's timed loop is one positioned read or write on a handle it
 //! opened in setup, as FxMark's `pread`/`pwrite` on a file descriptor.
 
+pub mod daemon;
 pub mod dir;
 pub mod kucofs;
 
@@ -23,6 +24,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+pub use daemon::DaemonBackend;
 pub use dir::DirBackend;
 pub use kucofs::KucofsBackend;
 
@@ -58,6 +60,12 @@ pub trait Backend: fmt::Debug + Send + Sync {
     /// in this process: a run measures the steady state.
     fn settle(&self) -> io::Result<()> {
         Ok(())
+    }
+    /// The spec another process opens to reach this same file system, as
+    /// a worker process does (`--workers process`); `None` if no other
+    /// process can (KucoFS with Kfs embedded in this one).
+    fn attach_spec(&self) -> Option<String> {
+        None
     }
 }
 
@@ -189,6 +197,18 @@ pub const KINDS: &[Kind] = &[
         usage: "kucofs[:queued+nohints+huge+nohuge+ahead+noahead+sparse+protect=strict|batched|off|keys+size=SIZE+image=PATH]",
         about: "KucoFS with Kfs embedded, on a fresh image under /dev/shm",
         open: KucofsBackend::open_boxed,
+    },
+    Kind {
+        name: "kucofs-daemon",
+        usage: "kucofs-daemon[:size=SIZE+sparse+image=PATH+nohints+keep+bin=PATH]",
+        about: "KucoFS served by `kucofs serve` (from bin=, $KUCOFS_BIN, or beside fxbench) on a fresh image under /dev/shm, this program its client",
+        open: DaemonBackend::start_boxed,
+    },
+    Kind {
+        name: "kucofs-client",
+        usage: "kucofs-client:SOCKET",
+        about: "a KucoFS daemon already serving on SOCKET",
+        open: DaemonBackend::connect_boxed,
     },
 ];
 

@@ -52,6 +52,19 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
+/// Workers that run rounds together: threads of this process ([`run`])
+/// or processes of their own ([`crate::process`]).
+pub trait Crew {
+    /// How many workers there are.
+    fn workers(&self) -> usize;
+    /// One round: every worker prepares for at most its entry of
+    /// `limits` operations, all start together, and the round ends when
+    /// every worker has used its allowance or `deadline` has passed; the
+    /// first failure (in worker order) if any worker's preparation or
+    /// operation fails.
+    fn round(&mut self, limits: &[u64], deadline: Option<Duration>) -> Result<Round, OpFailure>;
+}
+
 /// Runs `workers`, one thread each, within `budget`. Returns the first
 /// failure (in worker order) if any worker's preparation or operation fails.
 pub fn run(
@@ -59,7 +72,13 @@ pub fn run(
     workers: &mut [Box<dyn Worker>],
     budget: Budget,
 ) -> Result<Outcome, OpFailure> {
-    let mut done = vec![0u64; workers.len()];
+    drive(&mut Threads { fs, workers }, budget)
+}
+
+/// Runs `crew`'s rounds until `budget` is spent.
+pub fn drive(crew: &mut dyn Crew, budget: Budget) -> Result<Outcome, OpFailure> {
+    let n = crew.workers();
+    let mut done = vec![0u64; n];
     let mut elapsed = Duration::ZERO;
     loop {
         let (limits, deadline) = match budget {
@@ -68,7 +87,7 @@ pub fn run(
                 if left.is_zero() {
                     break;
                 }
-                (vec![u64::MAX; workers.len()], Some(left))
+                (vec![u64::MAX; n], Some(left))
             }
             Budget::Count(want) => {
                 if done.iter().all(|&d| d >= want) {
@@ -77,7 +96,7 @@ pub fn run(
                 (done.iter().map(|&d| want - d).collect(), None)
             }
         };
-        let round = round(fs, workers, &limits, deadline)?;
+        let round = crew.round(&limits, deadline)?;
         elapsed += round.elapsed;
         let round_ops: u64 = round.ops.iter().sum();
         for (d, ops) in done.iter_mut().zip(&round.ops) {
@@ -94,9 +113,29 @@ pub fn run(
     })
 }
 
-struct Round {
-    ops: Vec<u64>,
-    elapsed: Duration,
+/// What one round did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Round {
+    /// Each worker's operations.
+    pub ops: Vec<u64>,
+    /// From the common start until the last worker finished.
+    pub elapsed: Duration,
+}
+
+/// Workers on threads of this process, sharing `fs`.
+struct Threads<'a> {
+    fs: &'a dyn Backend,
+    workers: &'a mut [Box<dyn Worker>],
+}
+
+impl Crew for Threads<'_> {
+    fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    fn round(&mut self, limits: &[u64], deadline: Option<Duration>) -> Result<Round, OpFailure> {
+        round(self.fs, self.workers, limits, deadline)
+    }
 }
 
 /// Why a worker stopped before its round ended.

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use fxbench::machine::Machine;
 use fxbench::report::{Report, ResultsFile};
-use fxbench::suite::{self, Plan};
+use fxbench::suite::{self, Mode, Plan, Workers};
 use fxbench::workload::Params;
 use fxbench::{backend, Budget, Workload};
 
@@ -35,6 +35,72 @@ enum Command {
     /// Time opening a KucoFS image after a clean close and after a crash,
     /// by the number of files it holds (all in one directory).
     Open(OpenArgs),
+    /// Against a KucoFS daemon (`kucofs serve` on a fresh image): the
+    /// round trip of a client's requests (a ping, and each step of a
+    /// small file's life), beside the daemon's own service time per
+    /// request, which it reports at shutdown.
+    Roundtrip(RoundtripArgs),
+    /// One worker process of `run --workers process` (started by `run`
+    /// itself; it takes its orders on stdin).
+    #[command(name = fxbench::process::SUBCOMMAND, hide = true)]
+    Worker(WorkerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RoundtripArgs {
+    /// Calls timed of each kind.
+    #[arg(long, default_value_t = 20_000)]
+    requests: u64,
+    /// The kucofs-daemon backend's options (size=SIZE, sparse,
+    /// image=PATH, nohints, bin=PATH), joined with `+`.
+    #[arg(long, default_value = "size=256M")]
+    daemon: String,
+    /// Also write the figures as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+fn roundtrip(args: RoundtripArgs) -> anyhow::Result<()> {
+    let json = args.json.as_deref().map(ResultsFile::create).transpose()?;
+    let figures = fxbench::roundtrip::measure(&args.daemon, args.requests)?;
+    print!("{}", figures.table());
+    if let Some(mut file) = json {
+        file.write(&serde_json::json!({
+            "machine": Machine::describe(),
+            "roundtrip": figures,
+        }))?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, clap::Args)]
+struct WorkerArgs {
+    #[arg(long)]
+    workload: String,
+    /// The spec through which the worker reaches the file system.
+    #[arg(long)]
+    backend: String,
+    /// The run's directory, relative to the backend's root.
+    #[arg(long)]
+    dir: PathBuf,
+    /// The worker's number.
+    #[arg(long)]
+    index: usize,
+    #[arg(long)]
+    file_size: u64,
+}
+
+fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let assignment = fxbench::process::Assignment {
+        workload: args.workload.parse()?,
+        backend: args.backend,
+        dir: args.dir,
+        index: args.index,
+        params: Params {
+            file_size: args.file_size,
+        },
+    };
+    Ok(fxbench::process::work(&assignment)?)
 }
 
 #[derive(Debug, clap::Args)]
@@ -117,9 +183,21 @@ struct RunArgs {
     workloads: Vec<String>,
     #[arg(long, value_delimiter = ',', required = true, help = backends_help())]
     backends: Vec<String>,
-    /// Worker-thread counts, comma-separated.
+    /// Worker counts, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     threads: Vec<usize>,
+    /// How the workers run: `thread`, threads of this process sharing its
+    /// backend, or `process`, a process each (this program again, as
+    /// FxMark runs them), each opening the file system for itself; the
+    /// workload's files are made once, before the workers start. Needs
+    /// backends other processes can reach: dir: and kucofs-daemon, not
+    /// kucofs (its Kfs serves this process only).
+    #[arg(long, default_value = "thread", value_name = "thread|process")]
+    workers: String,
+    /// Leave each run's directory in place afterwards, to look at what it
+    /// made (kucofs-daemon's image goes at the end unless it has `keep`).
+    #[arg(long)]
+    keep: bool,
     /// Timed seconds per run (fractions allowed).
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
@@ -175,12 +253,20 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             file_size: args.file_size,
         },
         rounds: args.rounds,
+        mode: Mode {
+            workers: args.workers.parse::<Workers>()?,
+            keep: args.keep,
+        },
     };
     plan.check()?;
     let mut json = args.json.as_deref().map(ResultsFile::create).transpose()?;
 
     let machine = Machine::describe();
     let baseline = plan.backends[0].name();
+    let workers = match plan.mode.workers {
+        Workers::Threads => "thread(s)",
+        Workers::Processes => "process(es)",
+    };
     let mut written = Ok(());
     let results = plan.run(|so_far| {
         let Some(m) = so_far.last() else { return };
@@ -193,7 +279,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             String::new()
         };
         eprintln!(
-            "{} on {} with {} thread(s){round}: {} ops in {:.3} s{bandwidth}",
+            "{} on {} with {} {workers}{round}: {} ops in {:.3} s{bandwidth}",
             m.workload, m.backend, m.threads, m.ops, m.seconds
         );
         // The file holds every measurement so far, so a run cut short
@@ -222,6 +308,8 @@ fn main() -> ExitCode {
         }
         Command::Medium(args) => medium(args),
         Command::Open(args) => open(args),
+        Command::Worker(args) => worker(args),
+        Command::Roundtrip(args) => roundtrip(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,6 +21,43 @@ pub struct Plan {
     pub params: Params,
     /// Times the matrix is measured (at least 1): see [`Plan::run`].
     pub rounds: usize,
+    /// How each run goes.
+    pub mode: Mode,
+}
+
+/// How each run of a plan goes, beside its workload, count and budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mode {
+    /// Whether the workers are threads of this process or processes.
+    pub workers: Workers,
+    /// Leave each run's directory in place afterwards (for a look at
+    /// what the run made; the next run of the same workload and count
+    /// replaces it).
+    pub keep: bool,
+}
+
+/// How a run's workers run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Workers {
+    /// Threads of this process, sharing its backend.
+    #[default]
+    Threads,
+    /// A process each ([`crate::process`]), as FxMark runs them.
+    Processes,
+}
+
+impl std::str::FromStr for Workers {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "thread" => Ok(Workers::Threads),
+            "process" => Ok(Workers::Processes),
+            _ => Err(Error::BadParameter(format!(
+                "--workers is thread or process, not `{s}`"
+            ))),
+        }
+    }
 }
 
 /// One workload, on one backend, at one thread count, in one round.
@@ -86,6 +123,16 @@ impl Plan {
                 twice.1
             )));
         }
+        if self.mode.workers == Workers::Processes {
+            if let Some(b) = self.backends.iter().find(|b| b.attach_spec().is_none()) {
+                return Err(Error::BadParameter(format!(
+                    "backend {} cannot run with --workers process: no other process can \
+                     reach its file system (KucoFS with Kfs embedded serves the process \
+                     that opened its image; kucofs-daemon serves several)",
+                    b.name()
+                )));
+            }
+        }
         match self.budget {
             Budget::Time(d) if d.is_zero() => bad("--seconds must be more than 0"),
             Budget::Count(0) => bad("--count must be at least 1"),
@@ -105,8 +152,14 @@ impl Plan {
             for &threads in &self.threads {
                 for round in 0..self.rounds {
                     for fs in &self.backends {
-                        let mut m =
-                            run_one(fs.as_ref(), workload, threads, self.budget, &self.params)?;
+                        let mut m = run_one(
+                            fs.as_ref(),
+                            workload,
+                            threads,
+                            self.mode,
+                            self.budget,
+                            &self.params,
+                        )?;
                         m.round = round;
                         all.push(m);
                         each(&all);
@@ -119,12 +172,15 @@ impl Plan {
 }
 
 /// Runs one workload in a fresh directory `fxbench-<WORKLOAD>-<threads>`
-/// below the backend's root: setup, the timed phase, and removal of the
-/// directory, which happens even if the run fails.
+/// below the backend's root: setup, the timed phase (in `threads`
+/// workers, threads or processes as `mode` says), and removal of the
+/// directory, which happens even if the run fails (unless `mode` keeps
+/// it).
 pub fn run_one(
     fs: &dyn Backend,
     workload: Workload,
     threads: usize,
+    mode: Mode,
     budget: Budget,
     params: &Params,
 ) -> Result<Measurement> {
@@ -143,13 +199,16 @@ pub fn run_one(
         _ => {}
     }
     let before = fs.server_counters();
-    let outcome = setup_and_run(fs, workload, &dir, threads, budget, params);
+    let outcome = setup_and_run(fs, workload, &dir, threads, mode.workers, budget, params);
     let server = fs
         .server_counters()
         .zip(before)
         .map(|(after, before)| after.since(&before));
-    let cleanup = fs
-        .remove_dir_all(&dir)
+    let removed = match mode.keep {
+        true => Ok(()),
+        false => fs.remove_dir_all(&dir),
+    };
+    let cleanup = removed
         .and_then(|()| fs.settle())
         .map_err(|e| OpFailure::new("remove and settle", &dir, e));
     let outcome = outcome.and_then(|o| cleanup.map(|()| o)).map_err(context)?;
@@ -169,6 +228,7 @@ fn setup_and_run(
     workload: Workload,
     dir: &Path,
     threads: usize,
+    mode: Workers,
     budget: Budget,
     params: &Params,
 ) -> Result<harness::Outcome, OpFailure> {
@@ -179,7 +239,20 @@ fn setup_and_run(
     let mut workers = workload.setup(fs, dir, threads, params)?;
     fs.settle()
         .map_err(|e| OpFailure::new("settle after setup", dir, e))?;
-    harness::run(fs, &mut workers, budget)
+    match mode {
+        Workers::Threads => harness::run(fs, &mut workers, budget),
+        Workers::Processes => {
+            // Setup made the files; each process makes its own worker,
+            // after this process has closed the files setup's opened (a
+            // write open here would hold the file's write lease).
+            drop(workers);
+            let spec = fs.attach_spec().ok_or_else(|| {
+                let why = "no other process can reach this file system";
+                OpFailure::new(crate::process::WORKER_OP, dir, io::Error::other(why))
+            })?;
+            crate::process::run_workers(&spec, workload, dir, threads, budget, params)
+        }
+    }
 }
 
 /// A time budget from a number of seconds, refusing what `Duration` cannot
@@ -210,6 +283,7 @@ mod tests {
             budget,
             params: Params::default(),
             rounds: 1,
+            mode: Mode::default(),
         }
     }
 
@@ -272,7 +346,15 @@ mod tests {
         std::fs::create_dir_all(tmp.path().join("fxbench-MWCL-1/w0")).unwrap();
         std::fs::write(tmp.path().join("fxbench-MWCL-1/w0/0"), b"").unwrap();
         let fs = DirBackend::open("dir:a", tmp.path()).unwrap();
-        let m = run_one(&fs, Workload::Mwcl, 1, Budget::Count(5), &Params::default()).unwrap();
+        let m = run_one(
+            &fs,
+            Workload::Mwcl,
+            1,
+            Mode::default(),
+            Budget::Count(5),
+            &Params::default(),
+        )
+        .unwrap();
         assert_eq!(m.ops, 5);
     }
 
@@ -312,8 +394,15 @@ mod tests {
     fn a_failing_run_names_workload_backend_and_path_and_still_cleans_up() {
         let tmp = crate::testing::tempdir();
         let fs = BrokenStat(DirBackend::open("dir:a", tmp.path()).unwrap());
-        let err =
-            run_one(&fs, Workload::Mrpl, 2, Budget::Count(5), &Params::default()).unwrap_err();
+        let err = run_one(
+            &fs,
+            Workload::Mrpl,
+            2,
+            Mode::default(),
+            Budget::Count(5),
+            &Params::default(),
+        )
+        .unwrap_err();
         let msg = chain(&err);
         assert!(
             msg.starts_with("MRPL on dir:a with 2 thread(s): stat fxbench-MRPL-2/w"),
@@ -329,7 +418,15 @@ mod tests {
         let fs = DirBackend::open("dir:a", tmp.path()).unwrap();
         std::fs::write(tmp.path().join("fxbench-MWCL-1"), b"").unwrap();
         let msg = chain(
-            &run_one(&fs, Workload::Mwcl, 1, Budget::Count(5), &Params::default()).unwrap_err(),
+            &run_one(
+                &fs,
+                Workload::Mwcl,
+                1,
+                Mode::default(),
+                Budget::Count(5),
+                &Params::default(),
+            )
+            .unwrap_err(),
         );
         assert!(
             msg.starts_with("MWCL on dir:a with 1 thread(s): remove leftover fxbench-MWCL-1: "),
@@ -355,6 +452,7 @@ mod tests {
                 file_size: 16 * 4096,
             },
             rounds: 1,
+            mode: Mode::default(),
         };
         let all = plan.run(|_| {}).unwrap();
         assert_eq!(all.len(), 16);
@@ -380,7 +478,7 @@ mod tests {
             .into_iter()
             .filter(|w| w.bytes_per_op().is_some())
         {
-            let m = run_one(&fs, w, 2, Budget::Count(40), &params).unwrap();
+            let m = run_one(&fs, w, 2, Mode::default(), Budget::Count(40), &params).unwrap();
             assert_eq!(m.ops, 80, "{m:?}");
         }
     }

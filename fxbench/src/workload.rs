@@ -228,6 +228,38 @@ impl Workload {
     }
 }
 
+impl Workload {
+    /// Worker `id` of a run whose [`Workload::setup`] has made what the
+    /// workload needs in `dir` already, perhaps in another process: what
+    /// a worker process runs (`--workers process`). It makes nothing but
+    /// what the worker itself makes (DWAL's file, on its first open), and
+    /// opens the files it uses.
+    pub fn worker(
+        self,
+        fs: &dyn Backend,
+        dir: &Path,
+        id: usize,
+        params: &Params,
+    ) -> Result<Box<dyn Worker>, OpFailure> {
+        Ok(match self {
+            Workload::Mwcl => create::private_dir_worker(dir, id),
+            Workload::Mwcm => create::shared_dir_worker(dir, id),
+            Workload::Mrpl => stat::private_path_worker(dir, id),
+            Workload::Mrpm => stat::shared_tree_worker(dir, id),
+            Workload::Mwul => unlink::private_dir_worker(dir, id),
+            Workload::Mwrl => rename::private_dir_worker(dir, id),
+            Workload::Drbl => read::private_block_worker(fs, dir, id)?,
+            Workload::Drbm => read::shared_file_worker(fs, dir, id)?,
+            Workload::Dwol => overwrite::private_block_worker(fs, dir, id, false)?,
+            Workload::Dwom => overwrite::shared_file_worker(fs, dir, id)?,
+            Workload::Dwal => append::private_file_worker(fs, dir, id, params.file_blocks())?,
+            Workload::Dwsl => overwrite::private_block_worker(fs, dir, id, true)?,
+            Workload::Rndrd => read::random_blocks_worker(fs, dir, id, params.file_blocks())?,
+            Workload::Rndwr => overwrite::random_blocks_worker(fs, dir, id, params.file_blocks())?,
+        })
+    }
+}
+
 impl fmt::Display for Workload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -294,6 +326,53 @@ pub(crate) mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    /// Every file below `dir` with its bytes, and every directory, by
+    /// path relative to `dir`.
+    fn tree(dir: &Path) -> Vec<(String, Option<Vec<u8>>)> {
+        let mut out = Vec::new();
+        let mut todo = vec![dir.to_owned()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let path = e.unwrap().path();
+                let name = path.strip_prefix(dir).unwrap().display().to_string();
+                if path.is_dir() {
+                    todo.push(path);
+                    out.push((name, None));
+                } else {
+                    out.push((name, Some(std::fs::read(&path).unwrap())));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn workers_made_apart_from_setup_do_what_setups_own_would() {
+        // Setup's workers, and workers made by `worker` after a setup
+        // whose own were dropped unused (as a worker process makes its
+        // own), take the same steps and leave the same tree.
+        let params = Params {
+            file_size: 8 * BLOCK as u64,
+        };
+        for w in Workload::ALL {
+            let (tmp, fs) = scratch();
+            let (a, b) = (Path::new("a"), Path::new("b"));
+            let mut together = w.setup(&fs, a, 2, &params).unwrap();
+            steps(&fs, &mut together, 3);
+            drop(together);
+            drop(w.setup(&fs, b, 2, &params).unwrap());
+            let mut apart: Vec<_> = (0..2)
+                .map(|id| w.worker(&fs, b, id, &params).unwrap())
+                .collect();
+            steps(&fs, &mut apart, 3);
+            drop(apart);
+            let tree_a = tree(&tmp.path().join(a));
+            assert!(!tree_a.is_empty(), "{w}");
+            assert!(tree_a == tree(&tmp.path().join(b)), "{w}");
+        }
     }
 
     #[test]

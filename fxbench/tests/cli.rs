@@ -228,6 +228,201 @@ fn bad_arguments_are_refused_in_one_sentence() {
         "{err}"
     );
 
+    let err = refused(&with(&["--backends", &dir, "--workers", "fibers"]));
+    assert!(err.contains("--workers is thread or process"), "{err}");
+
     // Nothing ran, so nothing was left behind.
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn embedded_kucofs_is_refused_with_process_workers() {
+    let tmp = scratch();
+    let image = tmp.path().join("img");
+    let spec = format!("kucofs:size=16M+image={}", image.display());
+    let err = refused(&["run", "--backends", &spec, "--workers", "process"]);
+    assert!(
+        err.contains("cannot run with --workers process") && err.contains("kucofs-daemon"),
+        "{err}"
+    );
+    assert!(!image.exists());
+}
+
+/// The `kucofs` binary the kucofs-daemon backend runs: beside fxbench's
+/// (`cargo test --workspace` builds both), else built now with the cargo
+/// that runs this test; `None` where neither can be (a test binary run
+/// away from its build tree).
+fn kucofs_binary() -> Option<PathBuf> {
+    let beside = companion::binary(env!("CARGO_BIN_EXE_fxbench")).with_file_name("kucofs");
+    if beside.is_file() {
+        return Some(beside);
+    }
+    let cargo = std::env::var_os("CARGO")?;
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "-p", "kucofs", "--bin", "kucofs"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if !cfg!(debug_assertions) {
+        build.arg("--release");
+    }
+    let built = build.status().is_ok_and(|s| s.success());
+    (built && beside.is_file()).then_some(beside)
+}
+
+/// The names in directory `path` of `fs`.
+fn names_in(fs: &kucofs_ulib::Fs, path: &str) -> Vec<String> {
+    fs.read_dir(path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The names in directory `path` of the kernel's file system.
+fn kernel_names_in(path: &Path) -> Vec<String> {
+    std::fs::read_dir(path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn process_workers_make_the_files_they_count_on_a_directory_and_a_daemon() {
+    let Some(kucofs) = kucofs_binary() else {
+        println!("SKIPPED: no kucofs binary beside fxbench's, and no cargo to build one");
+        return;
+    };
+    let tmp = scratch();
+    let root = tmp.path().join("dir");
+    std::fs::create_dir(&root).unwrap();
+    let image = tmp.path().join("img");
+    let json = tmp.path().join("out.json");
+    let dir = format!("dir:{}", root.display());
+    let daemon = format!(
+        "kucofs-daemon:size=64M+image={}+keep+bin={}",
+        image.display(),
+        kucofs.display()
+    );
+    let backends = format!("{dir},{daemon}");
+    let out = fxbench(&[
+        "run",
+        "--workloads",
+        "MWCL,MWCM",
+        "--backends",
+        &backends,
+        "--threads",
+        "2",
+        "--workers",
+        "process",
+        "--seconds",
+        "0.3",
+        "--keep",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("with 2 process(es)"),
+        "{}",
+        stderr(&out)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let ops = |workload: &str, backend: &str| {
+        let r = json["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["workload"] == workload && r["backend"] == backend)
+            .unwrap_or_else(|| panic!("no {workload} on {backend} in {json}"));
+        r["ops"].as_u64().unwrap()
+    };
+    // The kernel's directory: every file a worker counted is there, and
+    // both workers made some.
+    let (w0, w1) = (
+        kernel_names_in(&root.join("fxbench-MWCL-2/w0")).len(),
+        kernel_names_in(&root.join("fxbench-MWCL-2/w1")).len(),
+    );
+    assert!(w0 > 0 && w1 > 0, "{w0} and {w1} files");
+    assert_eq!((w0 + w1) as u64, ops("MWCL", &dir));
+    let shared = kernel_names_in(&root.join("fxbench-MWCM-2/shared"));
+    assert_eq!(shared.len() as u64, ops("MWCM", &dir));
+    assert!(
+        shared.iter().any(|n| n.starts_with("w0-")) && shared.iter().any(|n| n.starts_with("w1-"))
+    );
+    // The daemon's image, closed cleanly and kept: the same.
+    let fs = kucofs_ulib::Fs::open(&image).unwrap();
+    let (w0, w1) = (
+        names_in(&fs, "fxbench-MWCL-2/w0").len(),
+        names_in(&fs, "fxbench-MWCL-2/w1").len(),
+    );
+    assert!(w0 > 0 && w1 > 0, "{w0} and {w1} files");
+    assert_eq!((w0 + w1) as u64, ops("MWCL", &daemon));
+    let shared = names_in(&fs, "fxbench-MWCM-2/shared");
+    assert_eq!(shared.len() as u64, ops("MWCM", &daemon));
+    assert!(
+        shared.iter().any(|n| n.starts_with("w0-")) && shared.iter().any(|n| n.starts_with("w1-"))
+    );
+    fs.close().unwrap();
+    // Nothing but the kept image is left of the daemon.
+    let mut left = kernel_names_in(tmp.path());
+    left.sort();
+    assert_eq!(left, ["dir", "img", "out.json"]);
+}
+
+#[test]
+fn roundtrip_times_a_daemons_client_and_reads_its_service_times() {
+    let Some(kucofs) = kucofs_binary() else {
+        println!("SKIPPED: no kucofs binary beside fxbench's, and no cargo to build one");
+        return;
+    };
+    let tmp = scratch();
+    let json = tmp.path().join("out.json");
+    let daemon = format!(
+        "size=64M+image={}+bin={}",
+        tmp.path().join("img").display(),
+        kucofs.display()
+    );
+    let out = fxbench(&[
+        "roundtrip",
+        "--requests",
+        "50",
+        "--daemon",
+        &daemon,
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let figures = &json["roundtrip"];
+    let client = figures["client"].as_array().unwrap();
+    let requests: Vec<_> = client
+        .iter()
+        .map(|c| c["request"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        requests,
+        ["Ping", "Create", "Open", "Write", "Close", "Unlink"]
+    );
+    let served = figures["served"].as_array().unwrap();
+    for c in client {
+        assert!(c["ns"].as_f64().unwrap() > 0.0, "{c}");
+        let request = c["request"].as_str().unwrap();
+        let s = served
+            .iter()
+            .find(|s| s["request"] == request)
+            .unwrap_or_else(|| panic!("the daemon served no {request}: {figures}"));
+        // Each step of a file's life is one request, 50 files; the pings
+        // are warm-up and 5 rounds of 50.
+        let count = s["count"].as_u64().unwrap();
+        match request {
+            "Ping" => assert_eq!(count, 1000 + 5 * 50, "{s}"),
+            _ => assert_eq!(count, 50, "{s}"),
+        }
+        assert!(table.lines().any(|l| l.contains(request)), "{table}");
+    }
+    // The daemon stopped and its image went.
+    let left = kernel_names_in(tmp.path());
+    assert_eq!(left, ["out.json"]);
 }

@@ -72,6 +72,9 @@ pub fn serve(
     let served = accept_until(socket, &listener, &kfs, &handout, stop);
     drop(listener);
     let _ = std::fs::remove_file(socket);
+    // What it served, for whoever reads the daemon's log: requests and
+    // their mean service time by kind.
+    eprint!("{}", kfs.stats());
     // Clients still attached meet a closed connection and `ENOTCONN`.
     let closed = kfs.shutdown();
     served.and(closed)

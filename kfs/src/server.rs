@@ -705,15 +705,6 @@ impl Kfs {
         sampled.max(retired)
     }
 
-    /// Space for files: (data pages held, inodes that may still be made);
-    /// `None` once the volume is closed.
-    pub fn space(&self) -> Option<(u64, u64)> {
-        self.volume
-            .lock()
-            .as_ref()
-            .map(|v| (v.used_pages(), v.files_free()))
-    }
-
     fn stop(&mut self) -> Result<()> {
         self.stop.store(true, Ordering::Release);
         self.doorbell.wake();

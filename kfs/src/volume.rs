@@ -20,8 +20,9 @@ use std::sync::Arc;
 use kucofs_common::format::meta::BatchWriter;
 use kucofs_common::format::PAGE_SIZE;
 use kucofs_common::index::Ino;
+use kucofs_common::index::NAME_MAX;
 use kucofs_common::pm::{Hardware, Persist, Protection, Protector};
-use kucofs_common::proto::{Creds, Node, Reply, Request};
+use kucofs_common::proto::{Creds, Node, Reply, Request, Statfs};
 use kucofs_common::Errno;
 
 use kucofs_common::channel::Segment;
@@ -50,6 +51,10 @@ use protection::{Held, Pending, View};
 pub(crate) use retire::apply_batch;
 pub use retire::Retirements;
 pub use warmer::{WarmEntry, Warmer};
+
+/// A page's size, as `statfs` reports it.
+const PAGE_BYTES: u32 = 4096;
+const _: () = assert!(PAGE_BYTES as u64 == PAGE_SIZE);
 
 /// Who sent a request: an attached client, the slot of the thread, and the
 /// credentials the change is made with.
@@ -245,10 +250,28 @@ impl Volume {
             .files_free(free, self.ns.inode_count(), crate::namespace::MAX_INODES)
     }
 
+    /// What `statfs` reports: store pages count as used, and the files
+    /// that may still be made as what the free pages and slots hold
+    /// (ARCHITECTURE.md §11).
+    pub fn statfs(&self) -> Statfs {
+        let blocks = self.image.superblock().geometry.data.pages;
+        let blocks_free = blocks.saturating_sub(self.used_pages());
+        let files_free = self.files_free();
+        Statfs {
+            block_size: PAGE_BYTES,
+            blocks,
+            blocks_free,
+            blocks_avail: blocks_free,
+            files: self.ns.inode_count().saturating_add(files_free),
+            files_free,
+            name_max: NAME_MAX as u64,
+        }
+    }
+
     /// Handles one request: check it, log it, apply it, and make the log
     /// entry durable before returning the reply.
     pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Result<Reply, Errno> {
-        if self.failed && !matches!(req, Request::Ping | Request::Close { .. }) {
+        if self.failed && !matches!(req, Request::Ping | Request::Close { .. } | Request::Statfs) {
             return Err(Errno::EIO);
         }
         self.fill_stock();
@@ -465,6 +488,7 @@ impl Volume {
             Request::Truncate { ino, size } => self.truncate(ino, size, caller),
             Request::Write { ino, offset, len } => self.write_staged(ino, offset, len, caller),
             Request::Unpool { slot, start, pages } => self.unpool(slot, start, pages, caller),
+            Request::Statfs => Ok(Reply::Statfs(self.statfs())),
             _ => return None,
         })
     }

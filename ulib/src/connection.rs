@@ -340,22 +340,6 @@ impl Connection {
         self.call(slot, req)
     }
 
-    /// Space for files: (data pages held, inodes that may still be made).
-    /// Read from the Kfs in this process; `ENOTCONN` once it has stopped
-    /// (and for a Kfs in another process, which cannot be asked yet).
-    pub(crate) fn space(&self) -> io::Result<(u64, u64)> {
-        #[cfg(feature = "embedded")]
-        if let Some(e) = &self.embedded {
-            return e
-                .kfs
-                .lock()
-                .as_ref()
-                .and_then(|k| k.space())
-                .ok_or_else(|| err(Errno::ENOTCONN));
-        }
-        Err(err(Errno::ENOTCONN))
-    }
-
     /// Refuses further requests and stops the Kfs in this process, cleanly
     /// or as a crash would (`crash`); the first call does it.
     pub(crate) fn stop(&self, crash: bool) -> io::Result<()> {

@@ -12,9 +12,9 @@ use std::sync::{Arc, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kucofs_common::channel::SLOTS;
-use kucofs_common::format::{Geometry, PageNo};
+use kucofs_common::format::PageNo;
 use kucofs_common::index::layout::header_gen;
-use kucofs_common::index::{IndexReader, Ino, Kind, NAME_MAX};
+use kucofs_common::index::{IndexReader, Ino, Kind};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
 use kucofs_common::proto::{Extents, Hint, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
@@ -112,7 +112,6 @@ pub(crate) struct Inner {
     /// How requests reach Kfs.
     pub(crate) conn: Connection,
     pub(crate) config: Config,
-    geometry: Geometry,
 }
 
 /// A thread's claim on a request slot; returned when the thread exits.
@@ -339,29 +338,6 @@ impl Inner {
     }
 }
 
-/// The geometry the newer valid superblock copy of `region` names.
-fn geometry_of(region: &RegionView) -> io::Result<Geometry> {
-    use kucofs_common::format::{Superblock, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE};
-    SUPERBLOCK_OFFSETS
-        .iter()
-        .filter_map(|&at| {
-            let mut b = [0u8; SUPERBLOCK_SIZE];
-            region.read(at, &mut b).ok()?;
-            Superblock::decode(&b).ok()
-        })
-        .max_by_key(|sb| sb.seq)
-        .map(|sb| sb.geometry)
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "the image {} was handed over has no valid superblock",
-                    region.path().display()
-                ),
-            )
-        })
-}
-
 pub(crate) fn bytes(p: &Path) -> &[u8] {
     p.as_os_str().as_bytes()
 }
@@ -425,8 +401,7 @@ impl Fs {
     /// hands over, and sending every change to it. Needs no `embedded`
     /// feature. The daemon hands the image over read-only: file data this
     /// process writes goes through a staging area, from which Kfs copies
-    /// it into the file, a chunk of up to 512 KiB at a time. `statfs` is
-    /// not answered for such a client yet (`ENOTCONN`).
+    /// it into the file, a chunk of up to 512 KiB at a time.
     pub fn connect(socket: impl AsRef<Path>) -> io::Result<Fs> {
         Fs::connect_with(socket, Config::default())
     }
@@ -472,7 +447,6 @@ impl Fs {
             ShmView::from_fd(index, "kucofs-index", welcome.index_reserve).map_err(common_err)?;
         let region =
             RegionView::from_file(std::fs::File::from(region), path).map_err(common_err)?;
-        let geometry = geometry_of(&region)?;
         let creds = kucofs_common::proto::Creds::current();
         let staging =
             kucofs_common::pm::Shm::from_fd(staging, "kucofs-staging").map_err(common_err)?;
@@ -483,7 +457,7 @@ impl Fs {
         let mut config = config;
         config.direct = false;
         config.protection = Protection::Off;
-        Ok(Fs::connected(conn, index, region, config, geometry))
+        Ok(Fs::connected(conn, index, region, config))
     }
 
     /// Opens the file system in `image`, recovering it if it was not closed
@@ -541,7 +515,6 @@ impl Fs {
         let protector = region.protector();
         config.server.huge_pages.get_or_insert(true);
         config.server.huge_ahead.get_or_insert(protector.is_none());
-        let geometry = volume.image().superblock().geometry;
         let conn = Connection::embedded(
             volume,
             config.server,
@@ -549,18 +522,12 @@ impl Fs {
             config.protection,
             config.direct,
         )?;
-        Ok(Fs::connected(conn, index, region, config, geometry))
+        Ok(Fs::connected(conn, index, region, config))
     }
 
     /// A handle on the file system `conn` reaches, whose index and region
     /// this process reads through `index` and `region`.
-    fn connected(
-        conn: Connection,
-        index: ShmView,
-        region: RegionView,
-        config: Config,
-        geometry: Geometry,
-    ) -> Fs {
+    fn connected(conn: Connection, index: ShmView, region: RegionView, config: Config) -> Fs {
         Fs {
             inner: Arc::new(Inner {
                 id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
@@ -571,7 +538,6 @@ impl Fs {
                 free_slots: Mutex::new((0..SLOTS).rev().collect()),
                 conn,
                 config,
-                geometry,
             }),
         }
     }
@@ -980,21 +946,32 @@ impl Fs {
         )
     }
 
-    /// File-system statistics.
+    /// File-system statistics, as Kfs counts them (one
+    /// [`Request::Statfs`], in every mode).
     pub fn statfs(&self) -> io::Result<StatFs> {
-        let g = self.inner.geometry;
-        let inodes = self.inner.with_index(|r| r.inode_count())?;
-        let (used, files_free) = self.inner.conn.space()?;
-        // Inodes take pages from the same free space as data: the count
-        // that may still be made is what the free pages hold.
+        let slot = self.inner.slot()?;
+        let s = self
+            .inner
+            .conn
+            .call(slot, &Request::Statfs)?
+            .into_statfs()
+            .map_err(err)?;
         Ok(StatFs {
-            block_size: kucofs_common::format::PAGE_SIZE,
-            blocks: g.data.pages,
-            blocks_free: g.data.pages.saturating_sub(used),
-            files: inodes + files_free,
-            files_free,
-            name_max: NAME_MAX as u64,
+            block_size: u64::from(s.block_size),
+            blocks: s.blocks,
+            blocks_free: s.blocks_free,
+            blocks_avail: s.blocks_avail,
+            files: s.files,
+            files_free: s.files_free,
+            name_max: s.name_max,
         })
+    }
+
+    /// Sends Kfs a request that does nothing and waits for its reply: the
+    /// round trip of a request, for a benchmark.
+    pub fn ping(&self) -> io::Result<()> {
+        let slot = self.inner.slot()?;
+        self.inner.conn.call(slot, &Request::Ping).map(drop)
     }
 
     /// The credentials changes are made with.

@@ -160,6 +160,9 @@ pub struct StatFs {
     /// Data pages no file holds (free ones, and those in write pools or
     /// waiting for readers to move on, which become free by themselves).
     pub blocks_free: u64,
+    /// Free pages an unprivileged caller may use: all of them (none are
+    /// kept back for root).
+    pub blocks_avail: u64,
     /// Inodes in use plus those the free space can still hold (inodes
     /// take pages from the same free space as data).
     pub files: u64,

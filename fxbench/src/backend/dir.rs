@@ -116,6 +116,10 @@ impl Backend for DirBackend {
             .open(self.at(path))?;
         Ok(Box::new(file))
     }
+
+    fn attach_spec(&self) -> Option<String> {
+        Some(self.spec.clone())
+    }
 }
 
 /// A kernel file: `pread`, `pwrite`, `write` on an `O_APPEND` descriptor,

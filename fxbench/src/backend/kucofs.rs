@@ -36,7 +36,7 @@ const IMAGE_PREFIX: &str = "fxbench-kucofs-";
 /// Removes the images of earlier runs, by their default names, whose
 /// process is gone: a run that was killed could not remove its own, and
 /// each holds all of its memory until it is removed.
-fn remove_orphaned_images() {
+pub(super) fn remove_orphaned_images() {
     let Ok(dir) = std::fs::read_dir(IMAGE_DIR) else {
         return;
     };
@@ -66,6 +66,16 @@ pub struct KucofsBackend {
 /// Numbers the default images of one process's backends.
 static NEXT_IMAGE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// A fresh default image path, one per backend of a run (a run may list
+/// several): the process id, then `tag` and a count.
+pub(super) fn image_path(tag: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "{IMAGE_DIR}/{IMAGE_PREFIX}{}-{tag}{}.img",
+        std::process::id(),
+        NEXT_IMAGE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ))
+}
+
 /// What a spec's options ask for.
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -90,12 +100,7 @@ impl Options {
             ahead: None,
             size: 4 << 30,
             sparse: false,
-            // One image per backend of a run: a run may list several.
-            image: PathBuf::from(format!(
-                "{IMAGE_DIR}/{IMAGE_PREFIX}{}-{}.img",
-                std::process::id(),
-                NEXT_IMAGE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            )),
+            image: image_path(""),
         };
         for opt in arg.split('+').filter(|o| !o.is_empty()) {
             match opt.split_once('=') {

@@ -27,20 +27,30 @@ pub(super) fn private_files(
     threads: usize,
     cap: u64,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
+    for id in 0..threads {
+        make_dir(fs, &worker_dir(dir, id))?;
+    }
     (0..threads)
-        .map(|id| {
-            let own = worker_dir(dir, id);
-            make_dir(fs, &own)?;
-            let path = own.join("file");
-            Ok(Box::new(Appender {
-                file: block::open(fs, &path, OpenOptions::APPEND)?,
-                path,
-                cap,
-                buf: block::buffer(),
-                ops: 0,
-            }) as Box<dyn Worker>)
-        })
+        .map(|id| private_file_worker(fs, dir, id, cap))
         .collect()
+}
+
+/// DWAL's worker `id`, once setup made its directory: it opens (and
+/// makes, the first time) its file.
+pub(super) fn private_file_worker(
+    fs: &dyn Backend,
+    dir: &Path,
+    id: usize,
+    cap: u64,
+) -> Result<Box<dyn Worker>, OpFailure> {
+    let path = worker_dir(dir, id).join("file");
+    Ok(Box::new(Appender {
+        file: block::open(fs, &path, OpenOptions::APPEND)?,
+        path,
+        cap,
+        buf: block::buffer(),
+        ops: 0,
+    }))
 }
 
 /// Appends a block at each step.

@@ -167,18 +167,27 @@ pub(super) fn private_file(
     id: usize,
     blocks: u64,
 ) -> Result<PathBuf, OpFailure> {
-    let own = worker_dir(dir, id);
-    make_dir(fs, &own)?;
-    let path = own.join("file");
+    let path = private_path(dir, id);
+    make_dir(fs, path.parent().unwrap_or(dir))?;
     make_data_file(fs, &path, blocks)?;
     Ok(path)
+}
+
+/// Worker `id`'s own file below `dir`.
+pub(super) fn private_path(dir: &Path, id: usize) -> PathBuf {
+    worker_dir(dir, id).join("file")
+}
+
+/// The file all workers share below `dir`.
+pub(super) fn shared_path(dir: &Path) -> PathBuf {
+    dir.join("shared")
 }
 
 /// Makes `dir/shared`, a file of `blocks` stamped blocks for all workers;
 /// returns its path.
 pub(super) fn shared_file(fs: &dyn Backend, dir: &Path, blocks: u64) -> Result<PathBuf, OpFailure> {
     make_dir(fs, dir)?;
-    let path = dir.join("shared");
+    let path = shared_path(dir);
     make_data_file(fs, &path, blocks)?;
     Ok(path)
 }

@@ -15,13 +15,15 @@ pub(super) fn private_dirs(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
-    (0..threads)
-        .map(|id| {
-            let own = worker_dir(dir, id);
-            make_dir(fs, &own)?;
-            Ok(Box::new(Creator::new(&own, "")) as Box<dyn Worker>)
-        })
-        .collect()
+    for id in 0..threads {
+        make_dir(fs, &worker_dir(dir, id))?;
+    }
+    Ok((0..threads).map(|id| private_dir_worker(dir, id)).collect())
+}
+
+/// MWCL's worker `id`, once setup made its directory.
+pub(super) fn private_dir_worker(dir: &Path, id: usize) -> Box<dyn Worker> {
+    Box::new(Creator::new(&worker_dir(dir, id), ""))
 }
 
 /// MWCM: worker N creates `shared/wN-0`, `shared/wN-1`, ...
@@ -30,11 +32,13 @@ pub(super) fn shared_dir(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
-    let shared = dir.join("shared");
-    make_dir(fs, &shared)?;
-    Ok((0..threads)
-        .map(|id| Box::new(Creator::new(&shared, &format!("w{id}-"))) as Box<dyn Worker>)
-        .collect())
+    make_dir(fs, &dir.join("shared"))?;
+    Ok((0..threads).map(|id| shared_dir_worker(dir, id)).collect())
+}
+
+/// MWCM's worker `id`, once setup made the shared directory.
+pub(super) fn shared_dir_worker(dir: &Path, id: usize) -> Box<dyn Worker> {
+    Box::new(Creator::new(&dir.join("shared"), &format!("w{id}-")))
 }
 
 /// Creates `<dir>/<prefix><n>` for n = 0, 1, ...

@@ -46,12 +46,22 @@ fn private_blocks(
     threads: usize,
     fsync: bool,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
+    for id in 0..threads {
+        block::private_file(fs, dir, id, 1)?;
+    }
     (0..threads)
-        .map(|id| {
-            let path = block::private_file(fs, dir, id, 1)?;
-            Overwriter::boxed(fs, path, Place::block(0), fsync)
-        })
+        .map(|id| private_block_worker(fs, dir, id, fsync))
         .collect()
+}
+
+/// DWOL's worker `id` (DWSL's with `fsync`), once setup made its file.
+pub(super) fn private_block_worker(
+    fs: &dyn Backend,
+    dir: &Path,
+    id: usize,
+    fsync: bool,
+) -> Result<Box<dyn Worker>, OpFailure> {
+    Overwriter::boxed(fs, block::private_path(dir, id), Place::block(0), fsync)
 }
 
 /// DWOM: block N of a shared file of one block per worker.
@@ -60,10 +70,20 @@ pub(super) fn shared_file(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
-    let path = block::shared_file(fs, dir, threads as u64)?;
+    block::shared_file(fs, dir, threads as u64)?;
     (0..threads)
-        .map(|id| Overwriter::boxed(fs, path.clone(), Place::block(id as u64), false))
+        .map(|id| shared_file_worker(fs, dir, id))
         .collect()
+}
+
+/// DWOM's worker `id`, once setup made the shared file.
+pub(super) fn shared_file_worker(
+    fs: &dyn Backend,
+    dir: &Path,
+    id: usize,
+) -> Result<Box<dyn Worker>, OpFailure> {
+    let place = Place::block(id as u64);
+    Overwriter::boxed(fs, block::shared_path(dir), place, false)
 }
 
 /// RNDWR: random blocks of a private file of `blocks` blocks per worker.
@@ -73,12 +93,23 @@ pub(super) fn random_blocks(
     threads: usize,
     blocks: u64,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
+    for id in 0..threads {
+        block::private_file(fs, dir, id, blocks)?;
+    }
     (0..threads)
-        .map(|id| {
-            let path = block::private_file(fs, dir, id, blocks)?;
-            Overwriter::boxed(fs, path, Place::random(id as u64, blocks), false)
-        })
+        .map(|id| random_blocks_worker(fs, dir, id, blocks))
         .collect()
+}
+
+/// RNDWR's worker `id`, once setup made its file of `blocks` blocks.
+pub(super) fn random_blocks_worker(
+    fs: &dyn Backend,
+    dir: &Path,
+    id: usize,
+    blocks: u64,
+) -> Result<Box<dyn Worker>, OpFailure> {
+    let place = Place::random(id as u64, blocks);
+    Overwriter::boxed(fs, block::private_path(dir, id), place, false)
 }
 
 /// Overwrites a block at each step, and syncs the file if asked to.

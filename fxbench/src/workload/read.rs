@@ -25,12 +25,21 @@ pub(super) fn private_block(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
+    for id in 0..threads {
+        block::private_file(fs, dir, id, 1)?;
+    }
     (0..threads)
-        .map(|id| {
-            let path = block::private_file(fs, dir, id, 1)?;
-            Reader::boxed(fs, path, Place::block(0))
-        })
+        .map(|id| private_block_worker(fs, dir, id))
         .collect()
+}
+
+/// DRBL's worker `id`, once setup made its file.
+pub(super) fn private_block_worker(
+    fs: &dyn Backend,
+    dir: &Path,
+    id: usize,
+) -> Result<Box<dyn Worker>, OpFailure> {
+    Reader::boxed(fs, block::private_path(dir, id), Place::block(0))
 }
 
 /// DRBM: block N of a shared file of one block per worker.
@@ -39,10 +48,19 @@ pub(super) fn shared_file(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
-    let path = block::shared_file(fs, dir, threads as u64)?;
+    block::shared_file(fs, dir, threads as u64)?;
     (0..threads)
-        .map(|id| Reader::boxed(fs, path.clone(), Place::block(id as u64)))
+        .map(|id| shared_file_worker(fs, dir, id))
         .collect()
+}
+
+/// DRBM's worker `id`, once setup made the shared file.
+pub(super) fn shared_file_worker(
+    fs: &dyn Backend,
+    dir: &Path,
+    id: usize,
+) -> Result<Box<dyn Worker>, OpFailure> {
+    Reader::boxed(fs, block::shared_path(dir), Place::block(id as u64))
 }
 
 /// RNDRD: random blocks of a private file of `blocks` blocks per worker.
@@ -52,12 +70,23 @@ pub(super) fn random_blocks(
     threads: usize,
     blocks: u64,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
+    for id in 0..threads {
+        block::private_file(fs, dir, id, blocks)?;
+    }
     (0..threads)
-        .map(|id| {
-            let path = block::private_file(fs, dir, id, blocks)?;
-            Reader::boxed(fs, path, Place::random(id as u64, blocks))
-        })
+        .map(|id| random_blocks_worker(fs, dir, id, blocks))
         .collect()
+}
+
+/// RNDRD's worker `id`, once setup made its file of `blocks` blocks.
+pub(super) fn random_blocks_worker(
+    fs: &dyn Backend,
+    dir: &Path,
+    id: usize,
+    blocks: u64,
+) -> Result<Box<dyn Worker>, OpFailure> {
+    let place = Place::random(id as u64, blocks);
+    Reader::boxed(fs, block::private_path(dir, id), place)
 }
 
 /// Reads a block at each step.

@@ -14,15 +14,21 @@ pub(super) fn private_dirs(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
-    (0..threads)
-        .map(|id| {
-            let own = worker_dir(dir, id);
-            make_dir(fs, &own)?;
-            let (a, b) = (own.join("a"), own.join("b"));
-            make_file(fs, &a)?;
-            Ok(Box::new(Renamer { here: a, there: b }) as Box<dyn Worker>)
-        })
-        .collect()
+    for id in 0..threads {
+        let own = worker_dir(dir, id);
+        make_dir(fs, &own)?;
+        make_file(fs, &own.join("a"))?;
+    }
+    Ok((0..threads).map(|id| private_dir_worker(dir, id)).collect())
+}
+
+/// MWRL's worker `id`, once setup made its directory and file.
+pub(super) fn private_dir_worker(dir: &Path, id: usize) -> Box<dyn Worker> {
+    let own = worker_dir(dir, id);
+    Box::new(Renamer {
+        here: own.join("a"),
+        there: own.join("b"),
+    })
 }
 
 /// Renames `here` to `there`, then swaps the two.

@@ -32,15 +32,26 @@ pub(super) fn private_paths(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
-    (0..threads)
-        .map(|id| {
-            let parent = worker_dir(dir, id).join("d1/d2/d3/d4");
-            make_dir(fs, &parent)?;
-            let file = parent.join("file");
-            make_file(fs, &file)?;
-            Ok(Box::new(StatOne { file }) as Box<dyn Worker>)
-        })
-        .collect()
+    for id in 0..threads {
+        let file = private_path(dir, id);
+        make_dir(fs, file.parent().unwrap_or(dir))?;
+        make_file(fs, &file)?;
+    }
+    Ok((0..threads)
+        .map(|id| private_path_worker(dir, id))
+        .collect())
+}
+
+/// Worker `id`'s file in MRPL.
+fn private_path(dir: &Path, id: usize) -> PathBuf {
+    worker_dir(dir, id).join("d1/d2/d3/d4/file")
+}
+
+/// MRPL's worker `id`, once setup made its file.
+pub(super) fn private_path_worker(dir: &Path, id: usize) -> Box<dyn Worker> {
+    Box::new(StatOne {
+        file: private_path(dir, id),
+    })
 }
 
 /// Stats one path.
@@ -61,7 +72,7 @@ pub(super) fn shared_tree(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
-    let root = dir.join("tree").to_string_lossy().into_owned();
+    let root = tree_root(dir);
     let mut path = String::new();
     for parent in 0..LEAVES / FANOUT {
         leaf_path(&mut path, &root, parent * FANOUT);
@@ -72,15 +83,21 @@ pub(super) fn shared_tree(
             make_file(fs, Path::new(&path))?;
         }
     }
-    Ok((0..threads)
-        .map(|id| {
-            Box::new(StatRandom {
-                root: root.clone(),
-                rng: XorShift64::new(id as u64),
-                path: String::new(),
-            }) as Box<dyn Worker>
-        })
-        .collect())
+    Ok((0..threads).map(|id| shared_tree_worker(dir, id)).collect())
+}
+
+/// Where MRPM's tree is.
+fn tree_root(dir: &Path) -> String {
+    dir.join("tree").to_string_lossy().into_owned()
+}
+
+/// MRPM's worker `id`, once setup made the tree.
+pub(super) fn shared_tree_worker(dir: &Path, id: usize) -> Box<dyn Worker> {
+    Box::new(StatRandom {
+        root: tree_root(dir),
+        rng: XorShift64::new(id as u64),
+        path: String::new(),
+    })
 }
 
 /// Writes the path of leaf `index` into `out`: its base-[`FANOUT`] digits,

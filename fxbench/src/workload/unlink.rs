@@ -25,19 +25,21 @@ pub(super) fn private_dirs(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Box<dyn Worker>>, OpFailure> {
-    (0..threads)
-        .map(|id| {
-            let own = worker_dir(dir, id);
-            make_dir(fs, &own)?;
-            let path = format!("{}/", own.display());
-            Ok(Box::new(Unlinker {
-                stem: path.len(),
-                path,
-                made: 0,
-                removed: 0,
-            }) as Box<dyn Worker>)
-        })
-        .collect()
+    for id in 0..threads {
+        make_dir(fs, &worker_dir(dir, id))?;
+    }
+    Ok((0..threads).map(|id| private_dir_worker(dir, id)).collect())
+}
+
+/// MWUL's worker `id`, once setup made its directory.
+pub(super) fn private_dir_worker(dir: &Path, id: usize) -> Box<dyn Worker> {
+    let path = format!("{}/", worker_dir(dir, id).display());
+    Box::new(Unlinker {
+        stem: path.len(),
+        path,
+        made: 0,
+        removed: 0,
+    })
 }
 
 /// Unlinks `<dir>/<n>` for n = 0, 1, ..., having made them in batches.
