@@ -2,6 +2,8 @@
 //! permission rule Kfs checks every change and open against
 //! (ARCHITECTURE.md §2).
 
+use crate::Errno;
+
 /// The most supplementary groups a caller's credentials carry. A process
 /// in more groups is refused at attach rather than checked against only
 /// some of them.
@@ -116,6 +118,219 @@ impl Creds {
         } & 7;
         class & want == want
     }
+}
+
+/// What a permission check reads of an inode: its type and permission
+/// bits, owner and group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Perm {
+    /// Type and permission bits.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+}
+
+impl Perm {
+    fn is_dir(self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+}
+
+/// The POSIX and Linux rules for each kind of change, as `fs/namei.c`,
+/// `fs/attr.c` and `fs/open.c` apply them (ARCHITECTURE.md §6). Each
+/// returns the errno Linux gives, or what the change becomes.
+impl Creds {
+    /// `permits` as a result: `EACCES` unless every access in `want` is
+    /// granted.
+    pub fn may(&self, p: Perm, want: u32) -> Result<(), Errno> {
+        if self.permits(p.mode, p.uid, p.gid, want) {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        }
+    }
+
+    /// Whether the caller owns `p` or is root (Linux's
+    /// `inode_owner_or_capable`).
+    pub fn owns(&self, p: Perm) -> bool {
+        self.is_root() || self.uid == p.uid
+    }
+
+    /// Whether the caller is in group `gid` or is root (`CAP_FSETID`,
+    /// Linux's `in_group_or_capable`).
+    fn in_group_or_root(&self, gid: u32) -> bool {
+        self.is_root() || self.in_group(gid)
+    }
+
+    /// Adding an entry to directory `dir` (create, mkdir, symlink, the new
+    /// name of a link or a rename): write and search permission on it.
+    pub fn may_create_in(&self, dir: Perm) -> Result<(), Errno> {
+        self.may(dir, MAY_WRITE | MAY_EXEC)
+    }
+
+    /// Removing `victim`'s entry from directory `dir` (unlink, rmdir, the
+    /// old name of a rename, a target a rename replaces): write and
+    /// search permission on `dir` (`EACCES`), and in a sticky directory
+    /// only the owner of `victim` or of `dir`, or root (`EPERM`).
+    pub fn may_delete_in(&self, dir: Perm, victim: Perm) -> Result<(), Errno> {
+        self.may(dir, MAY_WRITE | MAY_EXEC)?;
+        let sticky = dir.mode & libc::S_ISVTX != 0;
+        if sticky && self.uid != victim.uid && self.uid != dir.uid && !self.is_root() {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
+    }
+
+    /// Following a symlink `link` that ends a path, found in directory
+    /// `dir` (Linux's `fs.protected_symlinks = 1`): in a sticky directory
+    /// that others may write, only a link the caller owns or one owned by
+    /// the directory's owner (`EACCES`); root is no exception.
+    pub fn may_follow(&self, dir: Perm, link: Perm) -> Result<(), Errno> {
+        let open_sticky = libc::S_ISVTX | 0o002;
+        if dir.mode & open_sticky != open_sticky || self.uid == link.uid || dir.uid == link.uid {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        }
+    }
+
+    /// Making a new name for `src` (Linux's `fs.protected_hardlinks = 1`):
+    /// its owner or root may; anyone else only for a regular file that is
+    /// not set-user-ID, not a set-group-ID executable, and that the
+    /// caller may read and write (`EPERM`).
+    pub fn may_hard_link(&self, src: Perm) -> Result<(), Errno> {
+        let sgid_exec = libc::S_ISGID | 0o010;
+        let safe = src.mode & libc::S_IFMT == libc::S_IFREG
+            && src.mode & libc::S_ISUID == 0
+            && src.mode & sgid_exec != sgid_exec
+            && self.permits(src.mode, src.uid, src.gid, MAY_READ | MAY_WRITE);
+        if safe || self.owns(src) {
+            Ok(())
+        } else {
+            Err(Errno::EPERM)
+        }
+    }
+
+    /// The permission bits a new inode of `mode` gets in directory `dir`
+    /// (Linux's `mode_strip_sgid`): a set-group-ID executable file made in
+    /// a set-group-ID directory of a group the caller is not in loses its
+    /// set-group-ID bit.
+    pub fn create_mode(&self, dir: Perm, mode: u32) -> u32 {
+        let sgid_exec = libc::S_ISGID | 0o010;
+        if mode & libc::S_IFMT != libc::S_IFDIR
+            && mode & sgid_exec == sgid_exec
+            && dir.mode & libc::S_ISGID != 0
+            && !self.in_group_or_root(dir.gid)
+        {
+            mode & !libc::S_ISGID
+        } else {
+            mode
+        }
+    }
+
+    /// Opening `p` with access `want` ([`MAY_READ`], [`MAY_WRITE`]; a
+    /// truncation asks for writing): a directory is never opened for
+    /// writing (`EISDIR`), and otherwise the mode bits decide (`EACCES`).
+    pub fn may_open(&self, p: Perm, want: u32) -> Result<(), Errno> {
+        if p.is_dir() && want & MAY_WRITE != 0 {
+            return Err(Errno::EISDIR);
+        }
+        self.may(p, want)
+    }
+
+    /// Checks an attribute change of `p` and works out its mode (Linux's
+    /// `chown_common`, `notify_change`, `setattr_prepare` and
+    /// `setattr_copy`, in their order): `Ok(Some(mode))` if the
+    /// permission bits change (what they become, type bits dropped),
+    /// `Ok(None)` if they stay.
+    ///
+    /// - Owner (`uid`): only root changes it; the owner may "change" it to
+    ///   itself (`EPERM`).
+    /// - Group (`gid`): root, or the owner to its own group or one it is
+    ///   in (`EPERM`).
+    /// - Mode: the owner or root (`EPERM`); a caller not in the file's
+    ///   (new) group and not root sets no set-group-ID bit: it is cleared
+    ///   silently.
+    /// - A change of owner or group alone (a `chown`, even to the same
+    ///   ids) of a non-directory clears set-user-ID, and set-group-ID if
+    ///   the group may execute or the caller is neither in the file's
+    ///   group nor root; root's `chown` too, as on Linux.
+    /// - Times: set explicitly (or one to "now" and the other left), the
+    ///   owner or root (`EPERM`); both to "now" (`touch`), also anyone
+    ///   who may write the file (`EACCES`).
+    pub fn set_attr(&self, p: Perm, change: &AttrChange) -> Result<Option<u32>, Errno> {
+        let mut mode = change.mode;
+        if change.chown && !p.is_dir() {
+            let sgid_exec = libc::S_ISGID | 0o010;
+            let drop_sgid = p.mode & libc::S_ISGID != 0
+                && (p.mode & sgid_exec == sgid_exec || !self.in_group_or_root(p.gid));
+            let m = mode.unwrap_or(p.mode & 0o7777);
+            let killed = m & !(libc::S_ISUID | if drop_sgid { libc::S_ISGID } else { 0 });
+            if killed != m {
+                mode = Some(killed);
+            }
+        }
+        if let Some(uid) = change.uid {
+            let owner_keeps = self.uid == p.uid && uid == p.uid;
+            if !owner_keeps && !self.is_root() {
+                return Err(Errno::EPERM);
+            }
+        }
+        if let Some(gid) = change.gid {
+            let owner_may = self.uid == p.uid && (gid == p.gid || self.in_group(gid));
+            if !owner_may && !self.is_root() {
+                return Err(Errno::EPERM);
+            }
+        }
+        if let Some(m) = mode.as_mut() {
+            if !self.owns(p) {
+                return Err(Errno::EPERM);
+            }
+            if !self.in_group_or_root(change.gid.unwrap_or(p.gid)) {
+                *m &= !libc::S_ISGID;
+            }
+        }
+        match change.times {
+            Times::Keep => {}
+            Times::Explicit if !self.owns(p) => return Err(Errno::EPERM),
+            Times::Explicit => {}
+            Times::Touch if !self.owns(p) => self.may(p, MAY_WRITE)?,
+            Times::Touch => {}
+        }
+        Ok(mode)
+    }
+}
+
+/// An attribute change as [`Creds::set_attr`] judges it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttrChange {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// A `chown`: the change sets neither mode nor times (set-ID bits
+    /// are cleared).
+    pub chown: bool,
+    /// Which time change it is.
+    pub times: Times,
+}
+
+/// How a change sets a file's access and modification times, as
+/// `utimensat` distinguishes them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Times {
+    /// Neither time changes.
+    #[default]
+    Keep,
+    /// Both set to the time of the change (`UTIME_NOW` twice, or no
+    /// times at all).
+    Touch,
+    /// At least one set to a value, or one to "now" with the other left.
+    Explicit,
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use kucofs_common::format::{Geometry, PageNo};
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Ino, Kind, NAME_MAX};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
-use kucofs_common::proto::{Extents, Hint, Reply, Request, SetAttrs};
+use kucofs_common::proto::{Extents, Hint, Reply, Request, SetAttrs, TimesNow};
 use kucofs_common::Errno;
 #[cfg(feature = "embedded")]
 use kucofs_kfs::{ServerConfig, StatsSnapshot};
@@ -897,10 +897,21 @@ impl Fs {
     }
 
     fn set_attr(&self, path: &Path, follow: bool, attrs: SetAttrs) -> io::Result<()> {
+        self.set_attr_now(path, follow, attrs, TimesNow::default())
+    }
+
+    fn set_attr_now(
+        &self,
+        path: &Path,
+        follow: bool,
+        attrs: SetAttrs,
+        now: TimesNow,
+    ) -> io::Result<()> {
         let req = Request::SetAttr {
             path: bytes(path),
             follow,
             attrs,
+            now,
         };
         self.inner.call_here(&req).map(drop)
     }
@@ -954,13 +965,39 @@ impl Fs {
         )
     }
 
-    /// Sets access and/or modification time (following symlinks).
+    /// Sets access and/or modification time (following symlinks); a
+    /// time given as `None` is left as it is. Setting a time to a value
+    /// takes the file's owner or root (`EPERM`).
     pub fn set_times(
         &self,
         path: impl AsRef<Path>,
         accessed: Option<SystemTime>,
         modified: Option<SystemTime>,
     ) -> io::Result<()> {
+        let at = |t: Option<SystemTime>| t.map_or(SetTime::Omit, SetTime::At);
+        self.utimens(path, at(accessed), at(modified))
+    }
+
+    /// Sets access and modification times to the time of the change, as
+    /// `utimes(path, NULL)` (or `touch` on a file that exists): the
+    /// file's owner, root, or anyone who may write the file (`EACCES`).
+    pub fn set_times_now(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        self.utimens(path, SetTime::Now, SetTime::Now)
+    }
+
+    /// Sets access and modification times as `utimensat` does (following
+    /// symlinks): each left, set to a value, or set to the time of the
+    /// change. Both [`SetTime::Now`] is [`Fs::set_times_now`]; anything
+    /// else that changes a time takes the file's owner or root (`EPERM`);
+    /// both [`SetTime::Omit`] does nothing, not even look `path` up.
+    pub fn utimens(
+        &self,
+        path: impl AsRef<Path>,
+        accessed: SetTime,
+        modified: SetTime,
+    ) -> io::Result<()> {
+        let mut attrs = SetAttrs::default();
+        let mut now = TimesNow::default();
         let ns = |t: SystemTime| -> io::Result<i64> {
             match t.duration_since(UNIX_EPOCH) {
                 Ok(d) => i64::try_from(d.as_nanos()).map_err(|_| err(Errno::EOVERFLOW)),
@@ -969,15 +1006,20 @@ impl Fs {
                     .map_err(|_| err(Errno::EOVERFLOW)),
             }
         };
-        self.set_attr(
-            path.as_ref(),
-            true,
-            SetAttrs {
-                atime: accessed.map(ns).transpose()?,
-                mtime: modified.map(ns).transpose()?,
-                ..SetAttrs::default()
-            },
-        )
+        match accessed {
+            SetTime::Omit => {}
+            SetTime::Now => now.atime = true,
+            SetTime::At(t) => attrs.atime = Some(ns(t)?),
+        }
+        match modified {
+            SetTime::Omit => {}
+            SetTime::Now => now.mtime = true,
+            SetTime::At(t) => attrs.mtime = Some(ns(t)?),
+        }
+        if attrs == SetAttrs::default() && now == TimesNow::default() {
+            return Ok(());
+        }
+        self.set_attr_now(path.as_ref(), true, attrs, now)
     }
 
     /// File-system statistics.
@@ -1002,6 +1044,17 @@ impl Fs {
         let c = self.inner.conn.creds();
         (c.uid, c.gid)
     }
+}
+
+/// A time [`Fs::utimens`] sets, as `utimensat` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    /// Left as it is (`UTIME_OMIT`).
+    Omit,
+    /// The time of the change (`UTIME_NOW`).
+    Now,
+    /// This time.
+    At(SystemTime),
 }
 
 impl Drop for Fs {
