@@ -120,6 +120,44 @@ impl Creds {
     }
 }
 
+/// Which of Linux's link protections apply (`fs.protected_symlinks`,
+/// `fs.protected_hardlinks`): Kfs applies the host's, as the kernel
+/// applies them to its own file systems.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Protected {
+    /// A final symlink in a sticky directory others may write is
+    /// followed only as [`Creds::may_follow`] says.
+    pub symlinks: bool,
+    /// A hard link is made only as [`Creds::may_hard_link`] says.
+    pub hardlinks: bool,
+}
+
+impl Protected {
+    /// Both protections.
+    pub const ALL: Protected = Protected {
+        symlinks: true,
+        hardlinks: true,
+    };
+    /// Neither.
+    pub const NONE: Protected = Protected {
+        symlinks: false,
+        hardlinks: false,
+    };
+
+    /// The host's settings, from `/proc/sys/fs`; a setting that cannot be
+    /// read counts as on.
+    pub fn host() -> Protected {
+        let on = |name: &str| {
+            std::fs::read_to_string(format!("/proc/sys/fs/{name}"))
+                .map_or(true, |v| v.trim() != "0")
+        };
+        Protected {
+            symlinks: on("protected_symlinks"),
+            hardlinks: on("protected_hardlinks"),
+        }
+    }
+}
+
 /// What a permission check reads of an inode: its type and permission
 /// bits, owner and group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +222,7 @@ impl Creds {
     }
 
     /// Following a symlink `link` that ends a path, found in directory
-    /// `dir` (Linux's `fs.protected_symlinks = 1`): in a sticky directory
+    /// `dir`, where symlinks are [`Protected`]: in a sticky directory
     /// that others may write, only a link the caller owns or one owned by
     /// the directory's owner (`EACCES`); root is no exception.
     pub fn may_follow(&self, dir: Perm, link: Perm) -> Result<(), Errno> {
@@ -196,7 +234,7 @@ impl Creds {
         }
     }
 
-    /// Making a new name for `src` (Linux's `fs.protected_hardlinks = 1`):
+    /// Making a new name for `src`, where hard links are [`Protected`]:
     /// its owner or root may; anyone else only for a regular file that is
     /// not set-user-ID, not a set-group-ID executable, and that the
     /// caller may read and write (`EPERM`).

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kucofs_common::access::{AttrChange, Perm, Times, MAY_WRITE};
+use kucofs_common::access::{AttrChange, Perm, Protected, Times, MAY_WRITE};
 use kucofs_common::format::PageNo;
 use kucofs_common::index::layout::*;
 use kucofs_common::index::{
@@ -110,6 +110,8 @@ pub struct Namespace {
     /// Removed directories whose lists are being retired a step at a
     /// time (see [`Namespace::dismantle_step`]).
     dismantling: Vec<dir::Dismantling>,
+    /// The link protections changes are checked with.
+    protected: Protected,
 }
 
 /// The latest stamp of any namespace this process has dropped: a file
@@ -208,6 +210,7 @@ impl Namespace {
             store: Store::default(),
             doublings: grow::Doublings::default(),
             dismantling: Vec::new(),
+            protected: Protected::host(),
         };
         let root_inode = ns.new_inode(
             Ino::ROOT,
@@ -235,6 +238,11 @@ impl Namespace {
         ns.store = Store::new(g);
         ns.store.inode_made(Ino::ROOT, 0);
         Ok(ns)
+    }
+
+    /// Checks changes with link protections `p` (the host's by default).
+    pub fn set_protected(&mut self, p: Protected) {
+        self.protected = p;
     }
 
     /// The metadata store's bookkeeping.
@@ -570,9 +578,10 @@ impl Namespace {
     /// `follow`): the errors of [`IndexReader::resolve`], and `EACCES`
     /// where they may not search a directory on the way (the targets of
     /// symlinks included) or follow a final symlink out of a sticky
-    /// directory (see [`Creds::may_follow`]).
+    /// directory where symlinks are protected (see [`Creds::may_follow`]).
     pub fn resolve_as(&self, path: &[u8], follow: bool, creds: &Creds) -> Result<InodeOff, Errno> {
-        self.reader().resolve_as(path, follow, creds)
+        self.reader()
+            .resolve_as(path, follow, creds, self.protected)
     }
 
     fn is_ancestor_or_self(&self, ancestor: InodeOff, mut dir: InodeOff) -> bool {
@@ -790,7 +799,9 @@ impl Namespace {
         if p.trailing_slash {
             return Err(Errno::ENOENT);
         }
-        creds.may_hard_link(self.perm(src)?)?;
+        if self.protected.hardlinks {
+            creds.may_hard_link(self.perm(src)?)?;
+        }
         creds.may_create_in(self.perm(p.dir)?)?;
         if self.reader().kind(src) == Some(Kind::Dir) {
             return Err(Errno::EPERM);

@@ -449,13 +449,24 @@ impl Fs {
             .map_err(|e| named(e, "no welcome from the KucoFS daemon at"))?;
         let welcome = Welcome::decode(&w).map_err(err)?;
         welcome.result.map_err(|e| {
+            let why = if e == Errno::E2BIG {
+                format!(
+                    "this process is in more than {} supplementary groups, the most \
+                     the daemon checks permissions with",
+                    kucofs_common::access::GROUPS_MAX
+                )
+            } else {
+                format!(
+                    "{e}; it speaks protocol {}, this build {}",
+                    welcome.version,
+                    kucofs_common::proto::PROTO_VERSION
+                )
+            };
             io::Error::new(
                 io::Error::from(e).kind(),
                 format!(
-                    "the KucoFS daemon at {} refused this client ({e}; it speaks protocol {}, this build {})",
-                    path.display(),
-                    welcome.version,
-                    kucofs_common::proto::PROTO_VERSION
+                    "the KucoFS daemon at {} refused this client ({why})",
+                    path.display()
                 ),
             )
         })?;

@@ -8,14 +8,14 @@
 //! change or open (`resolve_as`, `resolve_parent_as`), checking what
 //! Linux's `link_path_walk` checks: search permission on every directory
 //! a component is looked up in (the parent of the last component too,
-//! also for `.` and `..`), inside the targets of symlinks as well, and the
-//! rule for following a symlink that ends a path in a sticky directory
-//! ([`Creds::may_follow`]).
+//! also for `.` and `..`), inside the targets of symlinks as well, and,
+//! where symlinks are [`Protected`], the rule for following a symlink that
+//! ends a path in a sticky directory ([`Creds::may_follow`]).
 
 use super::layout::InodeOff;
 use super::read::{IndexReader, Kind};
 use super::{NAME_MAX, PATH_MAX};
-use crate::access::{Creds, MAY_EXEC};
+use crate::access::{Creds, Protected, MAY_EXEC};
 use crate::pm::Words;
 use crate::Errno;
 
@@ -104,13 +104,19 @@ impl Gate for Unchecked {
     }
 }
 
-impl Gate for Creds {
+/// A walk for a caller.
+struct AsCaller<'c> {
+    creds: &'c Creds,
+    protected: Protected,
+}
+
+impl Gate for AsCaller<'_> {
     fn search<W: Words + ?Sized>(
         &self,
         r: &IndexReader<'_, W>,
         dir: InodeOff,
     ) -> Result<(), Errno> {
-        self.may(r.perm(dir).ok_or(Errno::EIO)?, MAY_EXEC)
+        self.creds.may(r.perm(dir).ok_or(Errno::EIO)?, MAY_EXEC)
     }
 
     fn follow<W: Words + ?Sized>(
@@ -119,8 +125,12 @@ impl Gate for Creds {
         dir: InodeOff,
         link: InodeOff,
     ) -> Result<(), Errno> {
+        if !self.protected.symlinks {
+            return Ok(());
+        }
         let (dir, link) = (r.perm(dir), r.perm(link));
-        self.may_follow(dir.ok_or(Errno::EIO)?, link.ok_or(Errno::EIO)?)
+        self.creds
+            .may_follow(dir.ok_or(Errno::EIO)?, link.ok_or(Errno::EIO)?)
     }
 }
 
@@ -132,9 +142,16 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
     }
 
     /// [`IndexReader::resolve`] as `creds` would: `EACCES` where they
-    /// may not search a directory on the way or follow a final symlink.
-    pub fn resolve_as(&self, path: &[u8], follow: bool, creds: &Creds) -> Result<InodeOff, Errno> {
-        self.resolve_gated(creds, path, follow)
+    /// may not search a directory on the way, or follow a final symlink
+    /// (where symlinks are `protected`).
+    pub fn resolve_as(
+        &self,
+        path: &[u8],
+        follow: bool,
+        creds: &Creds,
+        protected: Protected,
+    ) -> Result<InodeOff, Errno> {
+        self.resolve_gated(&AsCaller { creds, protected }, path, follow)
     }
 
     /// Resolves every component of `path` but the last, which it returns.
@@ -151,7 +168,12 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
         path: &'p [u8],
         creds: &Creds,
     ) -> Result<Parent<'p>, Errno> {
-        self.resolve_parent_gated(creds, path)
+        // The last component is not walked: no symlink ends this walk.
+        let gate = AsCaller {
+            creds,
+            protected: Protected::NONE,
+        };
+        self.resolve_parent_gated(&gate, path)
     }
 
     fn resolve_gated<G: Gate>(
