@@ -401,6 +401,244 @@ mod tests {
         assert!(root.permits(DIR, 5, 5, MAY_EXEC));
     }
 
+    fn perm(mode: u32, uid: u32, gid: u32) -> Perm {
+        Perm { mode, uid, gid }
+    }
+
+    const ME: u32 = 1000;
+    const THEM: u32 = 1001;
+
+    #[test]
+    fn deleting_needs_write_and_search_and_the_sticky_rule() {
+        let me = Creds::with_groups(ME, ME, &[50]).unwrap();
+        let open = perm(DIR | 0o777, 0, 0);
+        let theirs = perm(REG | 0o666, THEM, THEM);
+        assert_eq!(me.may_delete_in(open, theirs), Ok(()));
+        for dir in [DIR | 0o755, DIR | 0o775, DIR | 0o776] {
+            assert_eq!(
+                me.may_delete_in(perm(dir, 0, 0), theirs),
+                Err(Errno::EACCES)
+            );
+        }
+        // Sticky: the file's owner, the directory's, or root.
+        let sticky = perm(DIR | 0o1777, 0, 0);
+        assert_eq!(me.may_delete_in(sticky, theirs), Err(Errno::EPERM));
+        assert_eq!(me.may_delete_in(sticky, perm(REG, ME, 0)), Ok(()));
+        assert_eq!(me.may_delete_in(perm(DIR | 0o1777, ME, 0), theirs), Ok(()));
+        assert_eq!(Creds::default().may_delete_in(sticky, theirs), Ok(()));
+        // Permission first: a sticky directory without write says EACCES.
+        let closed = perm(DIR | 0o1755, 0, 0);
+        assert_eq!(me.may_delete_in(closed, theirs), Err(Errno::EACCES));
+        assert_eq!(me.may_create_in(closed), Err(Errno::EACCES));
+        assert_eq!(me.may_create_in(perm(DIR | 0o070, 0, 50)), Ok(()));
+    }
+
+    #[test]
+    fn a_final_symlink_in_an_open_sticky_directory_is_followed_by_few() {
+        let me = Creds::new(ME, ME);
+        let tmp = perm(DIR | 0o1777, 0, 0);
+        let theirs = perm(libc::S_IFLNK | 0o777, THEM, THEM);
+        assert_eq!(me.may_follow(tmp, theirs), Err(Errno::EACCES));
+        // Root is no exception.
+        assert_eq!(Creds::default().may_follow(tmp, theirs), Err(Errno::EACCES));
+        assert_eq!(me.may_follow(tmp, perm(libc::S_IFLNK, ME, 0)), Ok(()));
+        // Owned by the directory's owner; a directory not sticky, or not
+        // writable by others.
+        assert_eq!(me.may_follow(perm(DIR | 0o1777, THEM, 0), theirs), Ok(()));
+        assert_eq!(me.may_follow(perm(DIR | 0o777, 0, 0), theirs), Ok(()));
+        assert_eq!(me.may_follow(perm(DIR | 0o1775, 0, 0), theirs), Ok(()));
+    }
+
+    #[test]
+    fn hard_links_to_anothers_file_need_a_safe_source() {
+        let me = Creds::new(ME, ME);
+        assert_eq!(me.may_hard_link(perm(REG | 0o606, THEM, THEM)), Ok(()));
+        for unsafe_source in [
+            REG | 0o604,
+            REG | 0o4606,
+            REG | 0o2676,
+            DIR | 0o777,
+            libc::S_IFLNK | 0o777,
+        ] {
+            assert_eq!(
+                me.may_hard_link(perm(unsafe_source, THEM, THEM)),
+                Err(Errno::EPERM),
+                "{unsafe_source:o}"
+            );
+        }
+        // A set-group-ID file the group may not execute is no program.
+        assert_eq!(me.may_hard_link(perm(REG | 0o2666, THEM, THEM)), Ok(()));
+        assert_eq!(me.may_hard_link(perm(REG | 0o4000, ME, ME)), Ok(()));
+        assert_eq!(
+            Creds::default().may_hard_link(perm(DIR, THEM, THEM)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_set_group_id_program_made_outside_ones_groups_loses_the_bit() {
+        let me = Creds::with_groups(ME, ME, &[50]).unwrap();
+        let sgid_dir = |gid| perm(DIR | 0o2777, 0, gid);
+        assert_eq!(me.create_mode(sgid_dir(60), REG | 0o2755), REG | 0o755);
+        assert_eq!(me.create_mode(sgid_dir(50), REG | 0o2755), REG | 0o2755);
+        assert_eq!(me.create_mode(sgid_dir(60), REG | 0o2745), REG | 0o2745);
+        assert_eq!(me.create_mode(sgid_dir(60), DIR | 0o2755), DIR | 0o2755);
+        assert_eq!(
+            me.create_mode(perm(DIR | 0o777, 0, 60), REG | 0o2755),
+            REG | 0o2755
+        );
+        assert_eq!(
+            Creds::default().create_mode(sgid_dir(60), REG | 0o2755),
+            REG | 0o2755
+        );
+    }
+
+    #[test]
+    fn opens_check_the_access_asked_for() {
+        let me = Creds::new(ME, ME);
+        let f = |mode| perm(REG | mode, ME, ME);
+        assert_eq!(me.may_open(f(0o400), MAY_READ), Ok(()));
+        assert_eq!(me.may_open(f(0o400), MAY_WRITE), Err(Errno::EACCES));
+        assert_eq!(me.may_open(f(0o200), MAY_READ), Err(Errno::EACCES));
+        assert_eq!(
+            me.may_open(f(0o600), MAY_READ | MAY_WRITE),
+            Ok(()),
+            "read and write"
+        );
+        assert_eq!(
+            me.may_open(perm(DIR | 0o777, ME, ME), MAY_WRITE),
+            Err(Errno::EISDIR)
+        );
+        assert_eq!(me.may_open(perm(DIR, ME, ME), MAY_READ), Err(Errno::EACCES));
+        assert_eq!(
+            Creds::default().may_open(perm(DIR, THEM, THEM), MAY_WRITE),
+            Err(Errno::EISDIR)
+        );
+    }
+
+    fn chown(uid: Option<u32>, gid: Option<u32>) -> AttrChange {
+        AttrChange {
+            uid,
+            gid,
+            chown: true,
+            ..AttrChange::default()
+        }
+    }
+
+    fn chmod(mode: u32) -> AttrChange {
+        AttrChange {
+            mode: Some(mode),
+            ..AttrChange::default()
+        }
+    }
+
+    fn times(times: Times) -> AttrChange {
+        AttrChange {
+            times,
+            ..AttrChange::default()
+        }
+    }
+
+    #[test]
+    fn only_root_gives_a_file_away_and_owners_change_its_group_to_theirs() {
+        let me = Creds::with_groups(ME, ME, &[50]).unwrap();
+        let mine = perm(REG | 0o644, ME, ME);
+        let theirs = perm(REG | 0o666, THEM, THEM);
+        assert_eq!(
+            me.set_attr(mine, &chown(Some(THEM), None)),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(me.set_attr(mine, &chown(Some(ME), None)), Ok(None));
+        assert_eq!(me.set_attr(mine, &chown(None, Some(50))), Ok(None));
+        assert_eq!(me.set_attr(mine, &chown(None, Some(60))), Err(Errno::EPERM));
+        assert_eq!(
+            me.set_attr(theirs, &chown(None, Some(50))),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(
+            me.set_attr(theirs, &chown(Some(THEM), None)),
+            Err(Errno::EPERM)
+        );
+        // chown(-1, -1) of another's file changes nothing, and may.
+        assert_eq!(me.set_attr(theirs, &chown(None, None)), Ok(None));
+        let root = Creds::default();
+        assert_eq!(root.set_attr(theirs, &chown(Some(7), Some(8))), Ok(None));
+    }
+
+    #[test]
+    fn a_chown_clears_set_id_bits_as_linux_does() {
+        let me = Creds::with_groups(ME, ME, &[50]).unwrap();
+        let root = Creds::default();
+        let suid = perm(REG | 0o4755, ME, ME);
+        assert_eq!(me.set_attr(suid, &chown(None, Some(50))), Ok(Some(0o755)));
+        // Root's chown too.
+        assert_eq!(root.set_attr(suid, &chown(Some(5), None)), Ok(Some(0o755)));
+        // Set-group-ID: cleared if the group may execute...
+        let sgid_x = perm(REG | 0o2755, ME, ME);
+        assert_eq!(me.set_attr(sgid_x, &chown(None, Some(50))), Ok(Some(0o755)));
+        assert_eq!(root.set_attr(sgid_x, &chown(None, None)), Ok(Some(0o755)));
+        // ...or the caller is not in the file's group, and not root.
+        let sgid = perm(REG | 0o2644, ME, 60);
+        assert_eq!(me.set_attr(sgid, &chown(None, Some(50))), Ok(Some(0o644)));
+        assert_eq!(root.set_attr(sgid, &chown(None, Some(50))), Ok(None));
+        let sgid_mine = perm(REG | 0o2644, ME, ME);
+        assert_eq!(me.set_attr(sgid_mine, &chown(None, Some(50))), Ok(None));
+        // Not a directory's.
+        let dir = perm(DIR | 0o2755, ME, ME);
+        assert_eq!(me.set_attr(dir, &chown(None, Some(50))), Ok(None));
+        // Another's set-user-ID file: chown(-1, -1) would change its mode.
+        let theirs = perm(REG | 0o4755, THEM, THEM);
+        assert_eq!(me.set_attr(theirs, &chown(None, None)), Err(Errno::EPERM));
+    }
+
+    #[test]
+    fn chmod_is_the_owners_and_keeps_set_group_id_only_in_its_groups() {
+        let me = Creds::with_groups(ME, ME, &[50]).unwrap();
+        assert_eq!(
+            me.set_attr(perm(REG | 0o644, THEM, ME), &chmod(0o600)),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(
+            me.set_attr(perm(REG, ME, 50), &chmod(0o2755)),
+            Ok(Some(0o2755))
+        );
+        assert_eq!(
+            me.set_attr(perm(REG, ME, 60), &chmod(0o6755)),
+            Ok(Some(0o4755))
+        );
+        assert_eq!(
+            me.set_attr(perm(DIR, ME, 60), &chmod(0o3777)),
+            Ok(Some(0o1777))
+        );
+        assert_eq!(
+            Creds::default().set_attr(perm(REG, ME, 60), &chmod(0o2755)),
+            Ok(Some(0o2755))
+        );
+    }
+
+    #[test]
+    fn times_need_the_owner_and_now_also_write_permission() {
+        let me = Creds::new(ME, ME);
+        let writable = perm(REG | 0o666, THEM, THEM);
+        let readable = perm(REG | 0o644, THEM, THEM);
+        assert_eq!(
+            me.set_attr(writable, &times(Times::Explicit)),
+            Err(Errno::EPERM)
+        );
+        assert_eq!(me.set_attr(writable, &times(Times::Touch)), Ok(None));
+        assert_eq!(
+            me.set_attr(readable, &times(Times::Touch)),
+            Err(Errno::EACCES)
+        );
+        let mine = perm(REG, ME, ME);
+        assert_eq!(me.set_attr(mine, &times(Times::Explicit)), Ok(None));
+        assert_eq!(me.set_attr(mine, &times(Times::Touch)), Ok(None));
+        assert_eq!(
+            Creds::default().set_attr(readable, &times(Times::Explicit)),
+            Ok(None)
+        );
+    }
+
     #[test]
     fn too_many_groups_are_refused() {
         let many: Vec<u32> = (0..=u32::try_from(GROUPS_MAX).unwrap()).collect();

@@ -1379,4 +1379,6 @@ pub use dir::{LoadedEntry, DISMANTLE_STEP};
 pub use grow::GROW_STEP;
 
 #[cfg(test)]
+mod permission_tests;
+#[cfg(test)]
 mod tests;
