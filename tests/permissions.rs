@@ -111,6 +111,8 @@ enum Op {
     Touch(&'static str),
     /// The access time to now, the modification time left.
     TouchAtime(&'static str),
+    /// Both times left: nothing, not even a lookup.
+    TouchNothing(&'static str),
     Open(&'static str, Access),
 }
 
@@ -196,6 +198,7 @@ const OPS: &[Op] = &[
     Op::Touch("modes/o606"),
     Op::Touch("modes/o604"),
     Op::TouchAtime("modes/o606"),
+    Op::TouchNothing("nox/f"),
     Op::Utimes("mine/f"),
     // Opens by mode bits.
     Op::Open("modes/m400", Access::Read),
@@ -212,6 +215,9 @@ const OPS: &[Op] = &[
     Op::Open("modes/m400", Access::WriteTrunc),
     Op::Open("modes/m200", Access::WriteTrunc),
     Op::Open("ro/new", Access::Create(0o644)),
+    // The open that makes a file is not checked against its mode.
+    Op::Open("pub/m0", Access::Create(0)),
+    Op::Open("pub/m0", Access::Create(0)),
     Op::Open("ro/f", Access::Create(0o644)),
     Op::Open("ro/f", Access::CreateNew),
     Op::Open("mine", Access::Read),
@@ -292,6 +298,12 @@ fn on_kernel(base: &Path, op: Op) -> Errno {
             &times(now, omit),
             AtFlags::empty(),
         )),
+        Op::TouchNothing(f) => rustix_result(rustix::fs::utimensat(
+            CWD,
+            p(f),
+            &times(omit, omit),
+            AtFlags::empty(),
+        )),
         Op::Open(f, access) => {
             let (flags, mode) = match access {
                 Access::Read => (OFlags::RDONLY, 0),
@@ -321,6 +333,7 @@ fn on_kucofs(fs: &Fs, op: Op) -> Errno {
         Op::Utimes(f) => result(fs.set_times(f, Some(a_while_ago()), Some(a_while_ago()))),
         Op::Touch(f) => result(fs.set_times_now(f)),
         Op::TouchAtime(f) => result(fs.utimens(f, SetTime::Now, SetTime::Omit)),
+        Op::TouchNothing(f) => result(fs.utimens(f, SetTime::Omit, SetTime::Omit)),
         Op::Open(f, access) => {
             let mut o = OpenOptions::new();
             match access {
