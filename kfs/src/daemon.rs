@@ -4,12 +4,12 @@
 //! ([`Hello`]); the daemon makes it a request segment, attaches it to Kfs
 //! with the credentials the kernel gives for the socket's peer
 //! (`SO_PEERCRED`, and its supplementary groups, `SO_PEERGROUPS`: a peer
-//! in more than [`GROUPS_MAX`] is refused with `E2BIG`), and hands it ([`Welcome`]) the segment and the
-//! doorbell and its staging area (where it leaves the data of its
-//! writes, which Kfs copies into the image), and the index and the image
-//! opened read-only: nothing the client maps of those can be made
-//! writable. The connection then stays
-//! open; when it closes (the client closed the file system, or died) Kfs
+//! in more than [`GROUPS_MAX`] is refused with `E2BIG`), and hands it
+//! ([`Welcome`]) the segment and the doorbell and its staging area (where
+//! it leaves the data of its writes, which Kfs copies into the image), and
+//! the index and the image opened read-only: nothing the client maps of
+//! those can be made writable. The connection then stays open; when it
+//! closes (the client closed the file system, or died) Kfs
 //! forgets the client: its leases, pool pages, open files and reader
 //! epochs.
 
