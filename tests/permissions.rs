@@ -11,11 +11,9 @@
 
 mod support;
 
-use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
@@ -530,35 +528,6 @@ impl Drop for Daemon {
     }
 }
 
-/// Runs test `name` of this binary as `uid`:`gid` in `groups`, with
-/// `env`; returns whether it passed, and what it printed.
-fn run_as(name: &str, uid: u32, gid: u32, groups: &[u32], env: &[(&str, &OsStr)]) -> String {
-    let groups = groups.to_vec();
-    let mut cmd = support::child_test(name);
-    cmd.envs(env.iter().copied());
-    let become_user = move || {
-        // SAFETY: `groups` is a live buffer of `groups.len()` ids.
-        let rc = unsafe { libc::setgroups(groups.len(), groups.as_ptr()) };
-        // SAFETY: setgid and setuid take no pointers.
-        if rc != 0 || unsafe { libc::setgid(gid) } != 0 || unsafe { libc::setuid(uid) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    };
-    // SAFETY: the closure runs in the child between fork and exec and
-    // makes only system calls that are async-signal-safe (setgroups,
-    // setgid, setuid); it allocates nothing.
-    unsafe { cmd.pre_exec(become_user) };
-    let out = cmd.output().expect("run the client");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "client {name} failed:\n{said}");
-    said
-}
-
 #[test]
 fn a_non_root_client_gets_the_kernels_errnos() {
     if !is_root() {
@@ -587,11 +556,11 @@ fn a_non_root_client_gets_the_kernels_errnos() {
         (ENV_KERNEL, kernel.as_os_str()),
         (ENV_SOCKET, socket.as_os_str()),
     ];
-    let said = run_as("client_runs_the_table", USER, GROUP, &IN, &env);
+    let said = support::run_as_user("client_runs_the_table", USER, GROUP, &IN, &env);
     println!("{said}");
     // More supplementary groups than Kfs checks with: refused at attach.
     let many: Vec<u32> = (3000..3000 + 33).collect();
-    run_as(
+    support::run_as_user(
         "client_in_too_many_groups_is_refused",
         USER,
         GROUP,
@@ -669,7 +638,7 @@ fn an_embedded_client_acts_as_its_process() {
     // The image is the client's to open; its root directory is not.
     std::os::unix::fs::chown(&image, Some(USER), Some(GROUP)).unwrap();
     let image = image.into_os_string();
-    run_as(
+    support::run_as_user(
         "embedded_client",
         USER,
         GROUP,
