@@ -4,6 +4,12 @@
 //! errno. Then the file system is closed and reopened, and the tree must be
 //! identical; then it is dropped without a clean close (a simulated crash)
 //! and reopened, identical again.
+//!
+//! The sequences also run in a process of a user who is not root, on an
+//! image it made, against the model of a caller who owns everything
+//! (`Model::new_as_owner`): Kfs's permission checks give the errors the
+//! kernel gives. Reads (`stat`, `readlink`, `readdir`) are left out of
+//! those sequences: Ulib reads through its mappings, unchecked.
 
 mod model;
 
@@ -160,14 +166,18 @@ fn config(route: Route) -> Config {
 }
 
 fn check(ops: &[Op], route: Route) -> Result<(), TestCaseError> {
+    check_with(ops, route, Model::new())
+}
+
+/// Runs `ops` on KucoFS and on `model`, which starts empty.
+fn check_with(ops: &[Op], route: Route, mut model: Model) -> Result<(), TestCaseError> {
     let Some(dir) = support::shm_dir("kucofs-model-") else {
         return Ok(());
     };
     let image = dir.path().join("img");
     kucofs_kfs::mkfs(&image, 4 << 20, false).expect("mkfs");
     let fs = Fs::open_with(&image, config(route)).expect("open");
-    // The model's root is 0o755, as mkfs makes it.
-    let mut model = Model::new();
+    // The model's root is 0o755 and the caller's, as mkfs makes it.
     for (i, op) in ops.iter().enumerate() {
         let want = model.apply(op);
         let got = apply(&fs, op);
@@ -232,5 +242,46 @@ proptest! {
     #[test]
     fn kucofs_matches_the_model_without_collaborative_indexing(ops in model::ops()) {
         check(&ops, Route::QueuedNoHints)?;
+    }
+}
+
+/// The user the sequences also run as.
+const USER: u32 = 1001;
+
+/// Whether `op` changes the namespace (Kfs checks it) rather than reads.
+fn changes(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Stat(_) | Op::Lstat(_) | Op::ReadDir(_) | Op::Readlink(_)
+    )
+}
+
+#[test]
+fn kucofs_matches_the_model_as_a_user() {
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED: running the sequences as another user needs root");
+        return;
+    }
+    support::run_as_user("sequences_as_a_user", USER, USER, &[], &[]);
+}
+
+#[test]
+#[ignore = "run by kucofs_matches_the_model_as_a_user as another user"]
+fn sequences_as_a_user() {
+    assert_eq!(rustix::process::geteuid().as_raw(), USER);
+    for (route, cases) in [(Route::Direct, 128), (Route::Queued, 64)] {
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases,
+            // This user may not write beside the sources.
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        let result = runner.run(&model::ops(), |ops| {
+            let ops: Vec<Op> = ops.into_iter().filter(changes).collect();
+            check_with(&ops, route, Model::new_as_owner())
+        });
+        if let Err(e) = result {
+            panic!("{route:?}: {e}");
+        }
     }
 }

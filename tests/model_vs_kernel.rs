@@ -8,6 +8,13 @@
 //! sandbox directory, so that the sandbox behaves like the model's root:
 //! `..` of it is itself and an absolute symlink target stays inside. This
 //! needs root, which the tests run as.
+//!
+//! Each sequence also runs as a user who is not root (`USER`): the
+//! sandbox is theirs, and the kernel thread takes that user's ids for
+//! its operations alone (`setresuid` and `setresgid` as raw system calls
+//! change only the calling thread), against the model of a caller who
+//! owns everything (`Model::new_as_owner`), so that the modes `chmod`
+//! sets give the permission errors.
 
 mod model;
 
@@ -22,23 +29,73 @@ use model::{Errno, Kind, Model, Op, Outcome, Stat, TreeEntry, PERM_MASK, UMASK};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
-/// Runs `ops` in a fresh sandbox; returns each outcome and the final tree.
-fn run_on_kernel(ops: &[Op]) -> (Vec<Outcome>, Vec<TreeEntry>) {
+/// The user and group the sequences also run as.
+const USER: (u32, u32) = (1001, 1001);
+
+/// Runs `ops` in a fresh sandbox, as root or as `user` (who then owns the
+/// sandbox); returns each outcome and the final tree.
+fn run_on_kernel(ops: &[Op], user: Option<(u32, u32)>) -> (Vec<Outcome>, Vec<TreeEntry>) {
     let sandbox = tempfile::Builder::new()
         .prefix("kucofs-model-")
         .tempdir_in("/dev/shm")
         .expect("sandbox directory under /dev/shm");
     // The model's root starts as 0o755; tempfile makes 0o700.
     fs::set_permissions(sandbox.path(), Permissions::from_mode(0o755)).expect("chmod sandbox");
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(sandbox.path(), Some(uid), Some(gid)).expect("chown sandbox");
+    }
     let root = sandbox.path().to_owned();
     let ops = ops.to_vec();
     thread::spawn(move || {
         enter(&root);
+        if let Some((uid, gid)) = user {
+            become_user(uid, gid);
+        }
         let outcomes = ops.iter().map(apply).collect();
+        // Root again, to list what the user may no longer read.
+        if user.is_some() {
+            become_root();
+        }
         (outcomes, tree())
     })
     .join()
     .expect("kernel thread")
+}
+
+/// Makes `uid`:`gid` (no supplementary groups) this thread's effective
+/// ids, keeping root's real and saved ids so that it may come back.
+/// Raw system calls: the C library's wrappers would change every thread.
+fn become_user(uid: u32, gid: u32) {
+    let keep = libc::c_long::from(-1i32);
+    let (uid, gid) = (libc::c_long::from(uid), libc::c_long::from(gid));
+    // SAFETY: setgroups with a count of 0 reads no buffer; the other two
+    // take only ids. Each acts on the calling thread only.
+    let groups = unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) };
+    // SAFETY: as above.
+    let g = unsafe { libc::syscall(libc::SYS_setresgid, keep, gid, keep) };
+    // SAFETY: as above.
+    let u = unsafe { libc::syscall(libc::SYS_setresuid, keep, uid, keep) };
+    assert!(
+        groups == 0 && g == 0 && u == 0,
+        "set this thread's ids: {}",
+        io::Error::last_os_error()
+    );
+}
+
+/// Undoes [`become_user`]: the user id first, which gives back the
+/// capability to set the group's.
+fn become_root() {
+    let keep = libc::c_long::from(-1i32);
+    // SAFETY: setresuid and setresgid take only ids, and act on the
+    // calling thread only.
+    let u = unsafe { libc::syscall(libc::SYS_setresuid, keep, 0, keep) };
+    // SAFETY: as above.
+    let g = unsafe { libc::syscall(libc::SYS_setresgid, keep, 0, keep) };
+    assert!(
+        u == 0 && g == 0,
+        "set this thread's ids back: {}",
+        io::Error::last_os_error()
+    );
 }
 
 /// Makes `root` this thread's root and current directory, with the
@@ -190,16 +247,25 @@ fn tree() -> Vec<TreeEntry> {
     model::canonical_tree(raw)
 }
 
-/// Runs `ops` on the model and on the kernel; fails at the first
+/// Runs `ops` on the model and on the kernel, as root; fails at the first
 /// operation whose outcome differs, or on a different final tree.
 fn check(ops: &[Op]) -> Result<(), TestCaseError> {
+    check_as(ops, None)
+}
+
+/// [`check`] as root or as `user`.
+fn check_as(ops: &[Op], user: Option<(u32, u32)>) -> Result<(), TestCaseError> {
     // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         println!("SKIPPED: the kernel side runs in a chroot(2) sandbox, which needs root");
         return Ok(());
     }
-    let (outcomes, kernel_tree) = run_on_kernel(ops);
-    let mut model = Model::new();
+    let (outcomes, kernel_tree) = run_on_kernel(ops, user);
+    let mut model = if user.is_some() {
+        Model::new_as_owner()
+    } else {
+        Model::new()
+    };
     for (i, (op, kernel)) in ops.iter().zip(&outcomes).enumerate() {
         let got = model.apply(op);
         prop_assert_eq!(
@@ -236,6 +302,11 @@ proptest! {
     #[test]
     fn model_matches_kernel(ops in model::ops()) {
         check(&ops)?;
+    }
+
+    #[test]
+    fn model_matches_kernel_as_a_user(ops in model::ops()) {
+        check_as(&ops, Some(USER))?;
     }
 }
 
@@ -370,4 +441,72 @@ fn the_root_itself() {
         Op::Stat(s("/c")),
     ];
     check(&ops).unwrap();
+}
+
+#[test]
+fn a_user_is_refused_by_the_modes_it_set() {
+    let chmod = |path: &str, mode| Op::Chmod {
+        path: s(path),
+        mode,
+    };
+    let ops = vec![
+        Op::Mkdir(s("d")),
+        Op::Mkdir(s("d/e")),
+        Op::Create(s("d/f")),
+        Op::Symlink {
+            target: s("d/e"),
+            link: s("l"),
+        },
+        // No search: nothing inside, through a symlink neither.
+        chmod("d", 0o600),
+        Op::Stat(s("d/f")),
+        Op::Stat(s("d/.")),
+        Op::Stat(s("l")),
+        Op::Lstat(s("l")),
+        Op::Create(s("d/g")),
+        Op::Unlink(s("d/f")),
+        Op::ReadDir(s("d")),
+        // No write: no names added or removed, errors in Linux's order.
+        chmod("d", 0o500),
+        Op::Create(s("d/f")),
+        Op::Create(s("d/g")),
+        Op::Mkdir(s("d/e")),
+        Op::Unlink(s("d/f/")),
+        Op::Unlink(s("d/e")),
+        Op::Rmdir(s("d/f")),
+        Op::Rmdir(s("d/e")),
+        Op::Rename {
+            from: s("d/f"),
+            to: s("f"),
+            noreplace: false,
+        },
+        Op::Link {
+            existing: s("d/f"),
+            new: s("d/h"),
+        },
+        Op::Link {
+            existing: s("d/f"),
+            new: s("h"),
+        },
+        // No read: no listing.
+        chmod("d", 0o300),
+        Op::ReadDir(s("d")),
+        Op::Create(s("d/g")),
+        // A directory moved to another parent needs write on itself.
+        chmod("d/e", 0o500),
+        Op::Rename {
+            from: s("d/e"),
+            to: s("e"),
+            noreplace: false,
+        },
+        Op::Rename {
+            from: s("d/e"),
+            to: s("d/e2"),
+            noreplace: false,
+        },
+        chmod("/", 0o500),
+        Op::Mkdir(s("x")),
+        Op::Stat(s("/")),
+    ];
+    check_as(&ops, Some(USER)).unwrap();
 }

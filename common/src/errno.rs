@@ -83,6 +83,7 @@ errnos!(
     ESTALE,
     ENOTCONN,
     EOPNOTSUPP,
+    E2BIG,
 );
 
 impl fmt::Debug for Errno {

@@ -15,7 +15,8 @@ use crate::Errno;
 /// and the layout of the shared index the client reads (2: directory links
 /// carry their next node's hash tag; 3: a grant's reply carries up to
 /// [`GRANT_RUNS`] more runs; 4: a reply carries a kind tag, and the
-/// fields of its kind only; 5: [`Request::Write`]; 6: [`Request::Statfs`]).
+/// fields of its kind only; 5: [`Request::Write`]; 6: [`Request::Statfs`],
+/// [`open::READ`], and [`Request::SetAttr`] carries [`TimesNow`]).
 pub const PROTO_VERSION: u16 = 6;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
@@ -88,6 +89,40 @@ impl SetAttrs {
     }
 }
 
+/// Which times a [`Request::SetAttr`] sets to the time of the change
+/// (`UTIME_NOW`); a time set so has no value in the [`SetAttrs`]
+/// (`EINVAL` if it has). Requests only: Kfs writes the time it chose into
+/// the change's record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimesNow {
+    /// The access time.
+    pub atime: bool,
+    /// The modification time.
+    pub mtime: bool,
+}
+
+impl TimesNow {
+    /// Both times, as `utimes(path, NULL)` sets them.
+    pub const BOTH: TimesNow = TimesNow {
+        atime: true,
+        mtime: true,
+    };
+
+    fn encode(self, w: &mut Writer<'_>) {
+        w.u8(u8::from(self.atime) | u8::from(self.mtime) << 1);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<TimesNow, Errno> {
+        match r.u8()? {
+            b @ 0..=3 => Ok(TimesNow {
+                atime: b & 1 != 0,
+                mtime: b & 2 != 0,
+            }),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+}
+
 pub use crate::access::Creds;
 
 /// One metadata request. Paths are relative to the file system's root.
@@ -123,11 +158,13 @@ pub enum Request<'a> {
         hint_from: Option<Hint>,
         hint_to: Option<Hint>,
     },
-    /// Change attributes of what `path` names.
+    /// Change attributes of what `path` names: `attrs`, and the times
+    /// `now` names to the time of the change.
     SetAttr {
         path: &'a [u8],
         follow: bool,
         attrs: SetAttrs,
+        now: TimesNow,
     },
     /// Do nothing and reply (to measure a round trip).
     Ping,
@@ -185,7 +222,8 @@ pub enum Request<'a> {
 /// spans at most 129, well inside a commit).
 pub const STAGE_BYTES: u64 = 128 * 4096;
 
-/// Flags of [`Request::Open`].
+/// Flags of [`Request::Open`]. As with `O_RDONLY`, an open that asks
+/// for neither reading nor writing is one for reading.
 pub mod open {
     /// Open for writing (takes the write lease).
     pub const WRITE: u32 = 1;
@@ -195,8 +233,21 @@ pub mod open {
     pub const EXCL: u32 = 4;
     /// Cut the file to length 0 (with `WRITE`).
     pub const TRUNC: u32 = 8;
+    /// Open for reading too (with `WRITE`; an open without `WRITE` is
+    /// one for reading).
+    pub const READ: u32 = 16;
     /// Every flag.
-    pub const ALL: u32 = WRITE | CREATE | EXCL | TRUNC;
+    pub const ALL: u32 = WRITE | CREATE | EXCL | TRUNC | READ;
+
+    /// The accesses (`MAY_READ`, `MAY_WRITE` of
+    /// [`access`](crate::access)) an open with `flags` asks for: a
+    /// truncation asks for writing, as on Linux.
+    pub fn wants(flags: u32) -> u32 {
+        use crate::access::{MAY_READ, MAY_WRITE};
+        let read = flags & WRITE == 0 || flags & READ != 0;
+        let write = flags & (WRITE | TRUNC) != 0;
+        (if read { MAY_READ } else { 0 }) | (if write { MAY_WRITE } else { 0 })
+    }
 }
 
 /// A run of consecutive data pages.
@@ -775,10 +826,12 @@ impl<'a> Request<'a> {
                 path,
                 follow,
                 attrs,
+                now,
             } => {
                 w.bytes(path);
                 w.bool(*follow);
                 attrs.encode(&mut w);
+                now.encode(&mut w);
                 op::SETATTR
             }
             Request::Ping => op::PING,
@@ -897,6 +950,7 @@ impl<'a> Request<'a> {
                 path: r.bytes(STRING_MAX)?,
                 follow: r.bool()?,
                 attrs: SetAttrs::decode(&mut r)?,
+                now: TimesNow::decode(&mut r)?,
             },
             op::PING => Request::Ping,
             op::OPEN => Request::Open {
@@ -1107,7 +1161,12 @@ mod tests {
                 1 => Request::Link { from: &a, to: &b, hint: h1 },
                 2 => Request::Unlink { path: &a, rmdir: mode & 1 == 1, hint: h1 },
                 3 => Request::Rename { from: &a, to: &b, noreplace: true, hint_from: h1, hint_to: h2 },
-                4 => Request::SetAttr { path: &a, follow: false, attrs: SetAttrs { mode: Some(mode), ..SetAttrs::default() } },
+                4 => Request::SetAttr {
+                    path: &a,
+                    follow: false,
+                    attrs: SetAttrs { mode: Some(mode), ..SetAttrs::default() },
+                    now: TimesNow { atime: x & 1 == 1, mtime: x & 2 == 2 },
+                },
                 5 => Request::Open { path: &a, flags: mode, mode: mode >> 3, hint: h1 },
                 6 => Request::Close {
                     ino: Ino::new(x),

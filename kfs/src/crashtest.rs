@@ -854,6 +854,7 @@ fn perform(v: &mut Volume, action: &Action, after: &mut dyn FnMut(&mut Volume)) 
                         path: path.as_bytes(),
                         follow: false,
                         attrs,
+                        now: Default::default(),
                     },
                 )?;
             }

@@ -3,22 +3,24 @@
 //! socket. A client that connects says which protocol it speaks
 //! ([`Hello`]); the daemon makes it a request segment, attaches it to Kfs
 //! with the credentials the kernel gives for the socket's peer
-//! (`SO_PEERCRED`), and hands it ([`Welcome`]) the segment and the
-//! doorbell and its staging area (where it leaves the data of its
-//! writes, which Kfs copies into the image), and the index and the image
-//! opened read-only: nothing the client maps of those can be made
-//! writable. The connection then stays
-//! open; when it closes (the client closed the file system, or died) Kfs
+//! (`SO_PEERCRED`, and its supplementary groups, `SO_PEERGROUPS`: a peer
+//! in more than [`GROUPS_MAX`] is refused with `E2BIG`), and hands it
+//! ([`Welcome`]) the segment and the doorbell and its staging area (where
+//! it leaves the data of its writes, which Kfs copies into the image), and
+//! the index and the image opened read-only: nothing the client maps of
+//! those can be made writable. The connection then stays open; when it
+//! closes (the client closed the file system, or died) Kfs
 //! forgets the client: its leases, pool pages, open files and reader
 //! epochs.
 
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kucofs_common::access::GROUPS_MAX;
 use kucofs_common::attach::{recv_with_fds, send_with_fds, Hello, Welcome, HELLO_SIZE};
 use kucofs_common::channel::{Doorbell, Segment, SLOTS};
 use kucofs_common::pm::{Protection, Shm};
@@ -152,7 +154,19 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
         _ => return Err(refuse(Errno::EPROTO)),
     }
     let peer = rustix::net::sockopt::socket_peercred(&stream)?;
-    let creds = Creds::new(peer.uid.as_raw(), peer.gid.as_raw());
+    let (uid, gid) = (peer.uid.as_raw(), peer.gid.as_raw());
+    let creds = match peer_groups(&stream)? {
+        Some(groups) => Creds::with_groups(uid, gid, &groups).ok_or(Errno::E2BIG),
+        None => Err(Errno::E2BIG),
+    };
+    let creds = creds.map_err(|e| {
+        eprintln!(
+            "kucofs serve: client pid {} (uid {uid}) refused: it is in more than \
+             {GROUPS_MAX} supplementary groups, the most Kfs checks permissions with",
+            peer.pid.as_raw_nonzero()
+        );
+        refuse(e)
+    })?;
     let segment = Segment::create().map_err(|_| refuse(Errno::ENOMEM))?;
     let kfs_side = segment.map_again().map_err(|_| refuse(Errno::ENOMEM))?;
     // Where the client leaves the data of its writes, a part per slot;
@@ -189,6 +203,37 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
     }
     stream.set_read_timeout(None)?;
     Ok((id, stream))
+}
+
+/// The supplementary groups of the process at the other end of `stream`
+/// when it connected (`SO_PEERGROUPS`); `None` if it is in more than
+/// [`GROUPS_MAX`].
+fn peer_groups(stream: &UnixStream) -> std::io::Result<Option<Vec<u32>>> {
+    let mut groups: [libc::gid_t; GROUPS_MAX] = [0; GROUPS_MAX];
+    let mut len = libc::socklen_t::try_from(std::mem::size_of_val(&groups))
+        .map_err(|_| std::io::Error::from(Errno::EINVAL))?;
+    // SAFETY: `groups` is a live, writable buffer of `len` bytes, and
+    // `len` a live, writable length; SO_PEERGROUPS writes at most `len`
+    // bytes of `gid_t`s into it and the length it wrote (or, with ERANGE,
+    // the length it needs) into `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ERANGE) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let n = usize::try_from(len).unwrap_or(usize::MAX) / std::mem::size_of::<libc::gid_t>();
+    Ok(groups.get(..n).map(<[u32]>::to_vec))
 }
 
 /// Waits, on a thread of its own, for client `id`'s connection to close,

@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use kucofs_common::access::{AttrChange, Perm, Protected, Times, MAY_WRITE};
 use kucofs_common::format::PageNo;
 use kucofs_common::index::layout::*;
 use kucofs_common::index::{
@@ -24,7 +25,7 @@ use kucofs_common::index::{
     SymlinkOff, PATH_MAX,
 };
 use kucofs_common::pm::{Shm, Words};
-use kucofs_common::proto::{Creds, Hint, Node, Request};
+use kucofs_common::proto::{open, Creds, Hint, Node, Request, SetAttrs, TimesNow};
 use kucofs_common::Errno;
 
 use crate::arena::{Arena, Attrs};
@@ -109,6 +110,8 @@ pub struct Namespace {
     /// Removed directories whose lists are being retired a step at a
     /// time (see [`Namespace::dismantle_step`]).
     dismantling: Vec<dir::Dismantling>,
+    /// The link protections changes are checked with.
+    protected: Protected,
 }
 
 /// The latest stamp of any namespace this process has dropped: a file
@@ -207,6 +210,7 @@ impl Namespace {
             store: Store::default(),
             doublings: grow::Doublings::default(),
             dismantling: Vec::new(),
+            protected: Protected::host(),
         };
         let root_inode = ns.new_inode(
             Ino::ROOT,
@@ -234,6 +238,11 @@ impl Namespace {
         ns.store = Store::new(g);
         ns.store.inode_made(Ino::ROOT, 0);
         Ok(ns)
+    }
+
+    /// Checks changes with link protections `p` (the host's by default).
+    pub fn set_protected(&mut self, p: Protected) {
+        self.protected = p;
     }
 
     /// The metadata store's bookkeeping.
@@ -561,8 +570,18 @@ impl Namespace {
     /// directories): a client's pre-located addresses are used only if they
     /// belong to that directory, and they save the costly part, the search
     /// inside it.
-    fn parent_of<'p>(&self, path: &'p [u8]) -> Result<Parent<'p>, Errno> {
-        self.reader().resolve_parent(path)
+    fn parent_of<'p>(&self, path: &'p [u8], creds: &Creds) -> Result<Parent<'p>, Errno> {
+        self.reader().resolve_parent_as(path, creds)
+    }
+
+    /// Resolves `path` as `creds` would (following a final symlink if
+    /// `follow`): the errors of [`IndexReader::resolve`], and `EACCES`
+    /// where they may not search a directory on the way (the targets of
+    /// symlinks included) or follow a final symlink out of a sticky
+    /// directory where symlinks are protected (see [`Creds::may_follow`]).
+    pub fn resolve_as(&self, path: &[u8], follow: bool, creds: &Creds) -> Result<InodeOff, Errno> {
+        self.reader()
+            .resolve_as(path, follow, creds, self.protected)
     }
 
     fn is_ancestor_or_self(&self, ancestor: InodeOff, mut dir: InodeOff) -> bool {
@@ -590,9 +609,11 @@ impl Namespace {
                 target,
                 hint,
             } => self.prepare_create(path, mode, target, hint.as_ref(), creds, time),
-            Request::Link { from, to, hint } => self.prepare_link(from, to, hint.as_ref(), time),
+            Request::Link { from, to, hint } => {
+                self.prepare_link(from, to, hint.as_ref(), &creds, time)
+            }
             Request::Unlink { path, rmdir, hint } => {
-                self.prepare_unlink(path, rmdir, hint.as_ref(), time)
+                self.prepare_unlink(path, rmdir, hint.as_ref(), &creds, time)
             }
             Request::Rename {
                 from,
@@ -606,26 +627,15 @@ impl Namespace {
                 noreplace,
                 hint_from.as_ref(),
                 hint_to.as_ref(),
+                &creds,
                 time,
             ),
             Request::SetAttr {
                 path,
                 follow,
                 attrs,
-            } => {
-                let inode = self.reader().resolve(path, follow)?;
-                if attrs.mode.is_some_and(|m| m & !0o7777 != 0) {
-                    return Err(Errno::EINVAL);
-                }
-                Ok(Outcome::Change(Prepared {
-                    record: Record::SetAttr {
-                        ino: self.reader().ino(inode),
-                        attrs,
-                        time,
-                    },
-                    plan: Plan::default(),
-                }))
-            }
+                now,
+            } => self.prepare_set_attr(path, follow, attrs, now, &creds, time),
             Request::Ping => Ok(Outcome::Done(None)),
             // Data requests are the volume's.
             Request::Open { .. }
@@ -637,6 +647,64 @@ impl Namespace {
             | Request::Write { .. }
             | Request::Statfs => Err(Errno::EINVAL),
         }
+    }
+
+    fn prepare_set_attr<'a>(
+        &mut self,
+        path: &[u8],
+        follow: bool,
+        mut attrs: SetAttrs,
+        now: TimesNow,
+        creds: &Creds,
+        time: i64,
+    ) -> Result<Outcome<'a>, Errno> {
+        let inode = self.resolve_as(path, follow, creds)?;
+        if attrs.mode.is_some_and(|m| m & !0o7777 != 0)
+            || (now.atime && attrs.atime.is_some())
+            || (now.mtime && attrs.mtime.is_some())
+        {
+            return Err(Errno::EINVAL);
+        }
+        let times = if now.atime && now.mtime {
+            Times::Touch
+        } else if now.atime || now.mtime || attrs.atime.is_some() || attrs.mtime.is_some() {
+            Times::Explicit
+        } else {
+            Times::Keep
+        };
+        let change = AttrChange {
+            mode: attrs.mode,
+            uid: attrs.uid,
+            gid: attrs.gid,
+            chown: attrs.mode.is_none() && times == Times::Keep,
+            times,
+        };
+        attrs.mode = creds.set_attr(self.perm(inode)?, &change)?;
+        if now.atime {
+            attrs.atime = Some(time);
+        }
+        if now.mtime {
+            attrs.mtime = Some(time);
+        }
+        Ok(Outcome::Change(Prepared {
+            record: Record::SetAttr {
+                ino: self.reader().ino(inode),
+                attrs,
+                time,
+            },
+            plan: Plan::default(),
+        }))
+    }
+
+    /// What permission checks read of `inode`.
+    fn perm(&self, inode: InodeOff) -> Result<Perm, Errno> {
+        self.reader().perm(inode).ok_or(Errno::EIO)
+    }
+
+    /// Checks that `creds` may open `inode` with [`open`] `flags` (see
+    /// [`Creds::may_open`]); a file the open just created is not checked.
+    pub fn may_open(&self, inode: InodeOff, flags: u32, creds: &Creds) -> Result<(), Errno> {
+        creds.may_open(self.perm(inode)?, open::wants(flags))
     }
 
     fn prepare_create<'a>(
@@ -662,7 +730,7 @@ impl Namespace {
         } else if !target.is_empty() {
             return Err(Errno::EINVAL);
         }
-        let p = self.parent_of(path)?;
+        let p = self.parent_of(path, &creds)?;
         // The order of Linux's checks: "." and "..", then (for a regular
         // file, as open(O_CREAT) sees it) a trailing slash, then existence,
         // then (for symlinks) a trailing slash on a name that is free.
@@ -680,12 +748,14 @@ impl Namespace {
         if p.trailing_slash && kind != Kind::Dir {
             return Err(Errno::ENOENT);
         }
+        let dir = self.perm(p.dir)?;
+        creds.may_create_in(dir)?;
         // In a set-group-ID directory, new entries take its group, and new
         // directories its set-group-ID bit too.
-        // Kfs's own fields: read directly, without the sequence lock.
-        let (mode, gid) = if self.reader().mode(p.dir) & libc::S_ISGID != 0 {
+        let mode = creds.create_mode(dir, mode);
+        let (mode, gid) = if dir.mode & libc::S_ISGID != 0 {
             let bit = if kind == Kind::Dir { libc::S_ISGID } else { 0 };
-            (mode | bit, self.arena.get32(p.dir.gid()))
+            (mode | bit, dir.gid)
         } else {
             (mode, creds.gid)
         };
@@ -714,10 +784,11 @@ impl Namespace {
         from: &'a [u8],
         to: &'a [u8],
         hint: Option<&Hint>,
+        creds: &Creds,
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
-        let src = self.reader().resolve(from, false)?;
-        let p = self.parent_of(to)?;
+        let src = self.resolve_as(from, false, creds)?;
+        let p = self.parent_of(to, creds)?;
         let Last::Name(name) = p.last else {
             return Err(Errno::EEXIST);
         };
@@ -729,6 +800,10 @@ impl Namespace {
         if p.trailing_slash {
             return Err(Errno::ENOENT);
         }
+        if self.protected.hardlinks {
+            creds.may_hard_link(self.perm(src)?)?;
+        }
+        creds.may_create_in(self.perm(p.dir)?)?;
         if self.reader().kind(src) == Some(Kind::Dir) {
             return Err(Errno::EPERM);
         }
@@ -755,9 +830,10 @@ impl Namespace {
         path: &'a [u8],
         rmdir: bool,
         hint: Option<&Hint>,
+        creds: &Creds,
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
-        let p = self.parent_of(path)?;
+        let p = self.parent_of(path, creds)?;
         let name = match (p.last, rmdir) {
             (Last::Name(n), _) => n,
             (_, false) => return Err(Errno::EISDIR),
@@ -775,6 +851,16 @@ impl Namespace {
         let r = self.reader();
         let inode = r.dirent_inode(found);
         let is_dir = r.kind(inode).ok_or(Errno::EIO)? == Kind::Dir;
+        // Linux's order: a trailing slash on an unlink's name, then
+        // permission, then the kind.
+        if !rmdir && p.trailing_slash {
+            return Err(if is_dir {
+                Errno::EISDIR
+            } else {
+                Errno::ENOTDIR
+            });
+        }
+        creds.may_delete_in(self.perm(p.dir)?, self.perm(inode)?)?;
         if rmdir {
             if !is_dir {
                 return Err(Errno::ENOTDIR);
@@ -784,8 +870,6 @@ impl Namespace {
             }
         } else if is_dir {
             return Err(Errno::EISDIR);
-        } else if p.trailing_slash {
-            return Err(Errno::ENOTDIR);
         }
         Ok(Outcome::Change(Prepared {
             record: Record::Unlink {
@@ -810,10 +894,11 @@ impl Namespace {
         noreplace: bool,
         hint_from: Option<&Hint>,
         hint_to: Option<&Hint>,
+        creds: &Creds,
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
-        let sp = self.parent_of(from)?;
-        let dp = self.parent_of(to)?;
+        let sp = self.parent_of(from, creds)?;
+        let dp = self.parent_of(to, creds)?;
         let Last::Name(sname) = sp.last else {
             return Err(Errno::EBUSY);
         };
@@ -844,28 +929,43 @@ impl Namespace {
         if skind == Kind::Dir && sp.dir != dp.dir && self.is_ancestor_or_self(sinode, dp.dir) {
             return Err(Errno::EINVAL);
         }
-        if !dfound.is_null() {
-            let dinode = r.dirent_inode(dfound);
+        let dinode = (!dfound.is_null()).then(|| r.dirent_inode(dfound));
+        if let Some(dinode) = dinode {
             if sp.dir != dp.dir && self.is_ancestor_or_self(dinode, sp.dir) {
                 return Err(Errno::ENOTEMPTY);
             }
             if dinode == sinode {
                 return Ok(Outcome::Done(None));
             }
-            let dattr = r.attr(dinode).ok_or(Errno::EIO)?;
-            match (skind == Kind::Dir, dattr.kind() == Some(Kind::Dir)) {
-                (true, false) => return Err(Errno::ENOTDIR),
-                (false, true) => return Err(Errno::EISDIR),
-                (true, true) if dattr.entries > 0 => return Err(Errno::ENOTEMPTY),
-                _ => {}
+        }
+        // Linux's order (`vfs_rename`): removing the old name, then
+        // adding the new one or removing the target it replaces, with
+        // their kinds; a directory that changes parent needs write
+        // permission on itself (its ".." changes); then the link count,
+        // and a target directory's emptiness.
+        let sperm = self.perm(sinode)?;
+        creds.may_delete_in(self.perm(sp.dir)?, sperm)?;
+        let mut target_entries = 0;
+        match dinode {
+            None => creds.may_create_in(self.perm(dp.dir)?)?,
+            Some(dinode) => {
+                let dattr = r.attr(dinode).ok_or(Errno::EIO)?;
+                creds.may_delete_in(self.perm(dp.dir)?, self.perm(dinode)?)?;
+                match (skind == Kind::Dir, dattr.kind() == Some(Kind::Dir)) {
+                    (true, false) => return Err(Errno::ENOTDIR),
+                    (false, true) => return Err(Errno::EISDIR),
+                    _ => target_entries = dattr.entries,
+                }
             }
         }
-        if skind == Kind::Dir
-            && sp.dir != dp.dir
-            && dfound.is_null()
-            && self.nlink(dp.dir) >= u32::MAX - 1
-        {
-            return Err(Errno::EMLINK);
+        if skind == Kind::Dir && sp.dir != dp.dir {
+            creds.may(sperm, MAY_WRITE)?;
+            if dinode.is_none() && self.nlink(dp.dir) >= u32::MAX - 1 {
+                return Err(Errno::EMLINK);
+            }
+        }
+        if skind == Kind::Dir && target_entries > 0 {
+            return Err(Errno::ENOTEMPTY);
         }
         let sdir_ino = r.ino(sp.dir);
         let ddir_ino = r.ino(dp.dir);
@@ -1279,5 +1379,7 @@ mod map;
 pub use dir::{LoadedEntry, DISMANTLE_STEP};
 pub use grow::GROW_STEP;
 
+#[cfg(test)]
+mod permission_tests;
 #[cfg(test)]
 mod tests;

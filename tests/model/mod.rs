@@ -17,8 +17,11 @@
 //! details such as whether a `/` follows the last component inside a symlink
 //! body.
 //!
-//! Not modelled: file contents, times, owners, permission checks (the tests
-//! run as root), directory sizes (tmpfs counts bytes per entry; `Stat::size`
+//! Permission checks are modelled for one caller in two roles: root (no
+//! checks; [`Model::new`]) or a user who owns every inode
+//! ([`Model::new_as_owner`]: the owner's permission bits decide, in the
+//! order `fs/namei.c` checks them). Not modelled: file contents, times,
+//! other owners and groups, directory sizes (tmpfs counts bytes per entry; `Stat::size`
 //! is 0 for a directory and the real side must report 0 too), PATH_MAX and
 //! the page-size limit on symlink targets (the generator stays far below
 //! both), EMLINK, ENOSPC and RENAME_EXCHANGE.
@@ -35,7 +38,14 @@ pub use op::*;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use libc::{EBUSY, EEXIST, EINVAL, EISDIR, ELOOP, ENAMETOOLONG, ENOENT, ENOTDIR, ENOTEMPTY, EPERM};
+use libc::{
+    EACCES, EBUSY, EEXIST, EINVAL, EISDIR, ELOOP, ENAMETOOLONG, ENOENT, ENOTDIR, ENOTEMPTY, EPERM,
+};
+
+/// Read, write and search permission, as the owner's bits hold them.
+const MAY_READ: u32 = 0o400;
+const MAY_WRITE: u32 = 0o200;
+const MAY_EXEC: u32 = 0o100;
 
 /// Longest directory entry name, in bytes (NAME_MAX).
 pub const NAME_MAX: usize = 255;
@@ -116,6 +126,9 @@ struct NameData {
 pub struct Model {
     inodes: HashMap<Ino, Inode>,
     next_ino: Ino,
+    /// The caller is not root but owns every inode: permission checks
+    /// apply, the owner's bits decide.
+    as_owner: bool,
 }
 
 impl Default for Model {
@@ -144,7 +157,26 @@ impl Model {
         Model {
             inodes: HashMap::from([(ROOT, root)]),
             next_ino: ROOT + 1,
+            as_owner: false,
         }
+    }
+
+    /// [`Model::new`] for a caller that is not root and owns the root
+    /// directory and everything it makes.
+    pub fn new_as_owner() -> Self {
+        Model {
+            as_owner: true,
+            ..Model::new()
+        }
+    }
+
+    /// `inode_permission`: EACCES unless the caller may `want` (a mask of
+    /// the owner's bits) on `ino`; root may anything asked here.
+    fn may(&self, ino: Ino, want: u32) -> Result<(), Errno> {
+        if self.as_owner && self.inode(ino).perm & want != want {
+            return Err(EACCES);
+        }
+        Ok(())
     }
 
     pub fn apply(&mut self, op: &Op) -> Outcome {
@@ -183,12 +215,14 @@ impl Model {
             return Err(EISDIR);
         }
         self.expect_absent(nd.pos, &nd.last)?;
+        self.may(nd.pos, MAY_WRITE | MAY_EXEC)?;
         self.add(nd.pos, nd.last, Body::File, 0o666 & !UMASK);
         Ok(())
     }
 
     pub fn mkdir(&mut self, path: &str) -> Result<(), Errno> {
         let (dir, name) = self.filename_create(path, true)?;
+        self.may(dir, MAY_WRITE | MAY_EXEC)?;
         // A directory made in a set-group-ID directory inherits the bit.
         let perm = (0o777 & !UMASK) | (self.inode(dir).perm & libc::S_ISGID);
         let body = Body::Dir {
@@ -207,9 +241,11 @@ impl Model {
         let victim = self.lookup(nd.pos, &nd.last)?;
         let is_dir = self.kind(victim) == Kind::Dir;
         // The trailing slash is judged only once the name is known to exist.
-        if nd.trailing_slash && !is_dir {
-            return Err(ENOTDIR);
+        if nd.trailing_slash {
+            return Err(if is_dir { EISDIR } else { ENOTDIR });
         }
+        // `may_delete`: permission, then the kind.
+        self.may(nd.pos, MAY_WRITE | MAY_EXEC)?;
         if is_dir {
             return Err(EISDIR);
         }
@@ -226,6 +262,7 @@ impl Model {
             LastType::Root => return Err(EBUSY),
         }
         let victim = self.lookup(nd.pos, &nd.last)?;
+        self.may(nd.pos, MAY_WRITE | MAY_EXEC)?;
         // A final symlink is not followed, even with a trailing slash.
         if self.kind(victim) != Kind::Dir {
             return Err(ENOTDIR);
@@ -269,16 +306,28 @@ impl Model {
         if target.is_some_and(|t| self.is_ancestor_or_self(t, old.pos)) {
             return Err(ENOTEMPTY);
         }
+        // Two names of one inode (or one name twice): nothing happens.
+        if target == Some(source) {
+            return Ok(());
+        }
+        // `vfs_rename`: removing the source, then adding the new name or
+        // removing the target (with its kind), then write permission on a
+        // directory whose ".." changes, then the target's emptiness.
+        self.may(old.pos, MAY_WRITE | MAY_EXEC)?;
+        self.may(new.pos, MAY_WRITE | MAY_EXEC)?;
         if let Some(target) = target {
-            // Two names of one inode (or one name twice): nothing happens.
-            if target == source {
-                return Ok(());
-            }
             match (source_is_dir, self.kind(target) == Kind::Dir) {
                 (true, false) => return Err(ENOTDIR),
                 (false, true) => return Err(EISDIR),
-                (true, true) if !self.entries(target).is_empty() => return Err(ENOTEMPTY),
                 _ => {}
+            }
+        }
+        if source_is_dir && old.pos != new.pos {
+            self.may(source, MAY_WRITE)?;
+        }
+        if let Some(target) = target {
+            if source_is_dir && !self.entries(target).is_empty() {
+                return Err(ENOTEMPTY);
             }
             self.remove(new.pos, &new.last);
         }
@@ -294,6 +343,8 @@ impl Model {
     pub fn link(&mut self, existing: &str, new: &str) -> Result<(), Errno> {
         let inode = self.path_lookup(existing, false)?;
         let (dir, name) = self.filename_create(new, false)?;
+        // The caller owns the source: protected hard links allow it.
+        self.may(dir, MAY_WRITE | MAY_EXEC)?;
         if self.kind(inode) == Kind::Dir {
             return Err(EPERM);
         }
@@ -309,6 +360,7 @@ impl Model {
             return Err(ENOENT);
         }
         let (dir, name) = self.filename_create(link, false)?;
+        self.may(dir, MAY_WRITE | MAY_EXEC)?;
         let body = Body::Symlink {
             target: target.to_owned(),
         };
@@ -340,6 +392,7 @@ impl Model {
         if self.kind(dir) != Kind::Dir {
             return Err(ENOTDIR);
         }
+        self.may(dir, MAY_READ)?;
         let entries = self.entries(dir);
         Ok(entries
             .iter()
@@ -443,6 +496,9 @@ impl Model {
             return Ok(());
         }
         loop {
+            // `may_lookup`: search permission on the directory each
+            // component is looked up in, "." and ".." too.
+            self.may(nd.pos, MAY_EXEC)?;
             let (component, after) = match name.split_once('/') {
                 Some((component, after)) => (component, Some(after)),
                 None => (name.as_str(), None),

@@ -38,6 +38,45 @@ pub fn child_test(name: &str) -> std::process::Command {
     c
 }
 
+/// Runs test `name` of this test binary alone, in a child process of
+/// user `uid`, group `gid`, in supplementary `groups` (set between fork
+/// and exec; this process must be root), with `env`; returns what it
+/// printed, and panics, saying that, if it failed.
+#[allow(dead_code)] // Not every test binary runs children as other users.
+pub fn run_as_user(
+    name: &str,
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> String {
+    use std::os::unix::process::CommandExt;
+    let groups = groups.to_vec();
+    let mut cmd = child_test(name);
+    cmd.envs(env.iter().copied());
+    let become_user = move || {
+        // SAFETY: `groups` is a live buffer of `groups.len()` ids.
+        let rc = unsafe { libc::setgroups(groups.len(), groups.as_ptr()) };
+        // SAFETY: setgid and setuid take no pointers.
+        if rc != 0 || unsafe { libc::setgid(gid) } != 0 || unsafe { libc::setuid(uid) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the closure runs in the child between fork and exec and
+    // makes only system calls that are async-signal-safe (setgroups,
+    // setgid, setuid); it allocates nothing.
+    unsafe { cmd.pre_exec(become_user) };
+    let out = cmd.output().expect("run the child test");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child test {name} failed:\n{said}");
+    said
+}
+
 /// Sets its flag when dropped, even by a panic, so that a thread looping
 /// until the flag is set stops when the test fails instead of hanging it.
 #[allow(dead_code)] // Not every test binary runs such threads.

@@ -114,6 +114,9 @@ impl OpenOptions {
         let mut flags = 0;
         if write {
             flags |= open::WRITE;
+            if self.read {
+                flags |= open::READ;
+            }
         }
         if self.create || self.create_new {
             flags |= open::CREATE;

@@ -16,7 +16,7 @@ use kucofs_common::format::PageNo;
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Ino, Kind};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
-use kucofs_common::proto::{Extents, Hint, Reply, Request, SetAttrs};
+use kucofs_common::proto::{Extents, Hint, Reply, Request, SetAttrs, TimesNow};
 use kucofs_common::Errno;
 #[cfg(feature = "embedded")]
 use kucofs_kfs::{ServerConfig, StatsSnapshot};
@@ -424,13 +424,24 @@ impl Fs {
             .map_err(|e| named(e, "no welcome from the KucoFS daemon at"))?;
         let welcome = Welcome::decode(&w).map_err(err)?;
         welcome.result.map_err(|e| {
+            let why = if e == Errno::E2BIG {
+                format!(
+                    "this process is in more than {} supplementary groups, the most \
+                     the daemon checks permissions with",
+                    kucofs_common::access::GROUPS_MAX
+                )
+            } else {
+                format!(
+                    "{e}; it speaks protocol {}, this build {}",
+                    welcome.version,
+                    kucofs_common::proto::PROTO_VERSION
+                )
+            };
             io::Error::new(
                 io::Error::from(e).kind(),
                 format!(
-                    "the KucoFS daemon at {} refused this client ({e}; it speaks protocol {}, this build {})",
-                    path.display(),
-                    welcome.version,
-                    kucofs_common::proto::PROTO_VERSION
+                    "the KucoFS daemon at {} refused this client ({why})",
+                    path.display()
                 ),
             )
         })?;
@@ -863,10 +874,21 @@ impl Fs {
     }
 
     fn set_attr(&self, path: &Path, follow: bool, attrs: SetAttrs) -> io::Result<()> {
+        self.set_attr_now(path, follow, attrs, TimesNow::default())
+    }
+
+    fn set_attr_now(
+        &self,
+        path: &Path,
+        follow: bool,
+        attrs: SetAttrs,
+        now: TimesNow,
+    ) -> io::Result<()> {
         let req = Request::SetAttr {
             path: bytes(path),
             follow,
             attrs,
+            now,
         };
         self.inner.call_here(&req).map(drop)
     }
@@ -920,13 +942,39 @@ impl Fs {
         )
     }
 
-    /// Sets access and/or modification time (following symlinks).
+    /// Sets access and/or modification time (following symlinks); a
+    /// time given as `None` is left as it is. Setting a time to a value
+    /// takes the file's owner or root (`EPERM`).
     pub fn set_times(
         &self,
         path: impl AsRef<Path>,
         accessed: Option<SystemTime>,
         modified: Option<SystemTime>,
     ) -> io::Result<()> {
+        let at = |t: Option<SystemTime>| t.map_or(SetTime::Omit, SetTime::At);
+        self.utimens(path, at(accessed), at(modified))
+    }
+
+    /// Sets access and modification times to the time of the change, as
+    /// `utimes(path, NULL)` (or `touch` on a file that exists): the
+    /// file's owner, root, or anyone who may write the file (`EACCES`).
+    pub fn set_times_now(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        self.utimens(path, SetTime::Now, SetTime::Now)
+    }
+
+    /// Sets access and modification times as `utimensat` does (following
+    /// symlinks): each left, set to a value, or set to the time of the
+    /// change. Both [`SetTime::Now`] is [`Fs::set_times_now`]; anything
+    /// else that changes a time takes the file's owner or root (`EPERM`);
+    /// both [`SetTime::Omit`] does nothing, not even look `path` up.
+    pub fn utimens(
+        &self,
+        path: impl AsRef<Path>,
+        accessed: SetTime,
+        modified: SetTime,
+    ) -> io::Result<()> {
+        let mut attrs = SetAttrs::default();
+        let mut now = TimesNow::default();
         let ns = |t: SystemTime| -> io::Result<i64> {
             match t.duration_since(UNIX_EPOCH) {
                 Ok(d) => i64::try_from(d.as_nanos()).map_err(|_| err(Errno::EOVERFLOW)),
@@ -935,15 +983,20 @@ impl Fs {
                     .map_err(|_| err(Errno::EOVERFLOW)),
             }
         };
-        self.set_attr(
-            path.as_ref(),
-            true,
-            SetAttrs {
-                atime: accessed.map(ns).transpose()?,
-                mtime: modified.map(ns).transpose()?,
-                ..SetAttrs::default()
-            },
-        )
+        match accessed {
+            SetTime::Omit => {}
+            SetTime::Now => now.atime = true,
+            SetTime::At(t) => attrs.atime = Some(ns(t)?),
+        }
+        match modified {
+            SetTime::Omit => {}
+            SetTime::Now => now.mtime = true,
+            SetTime::At(t) => attrs.mtime = Some(ns(t)?),
+        }
+        if attrs == SetAttrs::default() && now == TimesNow::default() {
+            return Ok(());
+        }
+        self.set_attr_now(path.as_ref(), true, attrs, now)
     }
 
     /// File-system statistics, as Kfs counts them (one
@@ -979,6 +1032,17 @@ impl Fs {
         let c = self.inner.conn.creds();
         (c.uid, c.gid)
     }
+}
+
+/// A time [`Fs::utimens`] sets, as `utimensat` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    /// Left as it is (`UTIME_OMIT`).
+    Omit,
+    /// The time of the change (`UTIME_NOW`).
+    Now,
+    /// This time.
+    At(SystemTime),
 }
 
 impl Drop for Fs {

@@ -37,7 +37,7 @@ pub mod range_lock;
 
 pub use dir::{DirEntry, ReadDir};
 pub use file::{File, OpenOptions};
-pub use fs::{Config, Fs};
+pub use fs::{Config, Fs, SetTime};
 pub use kucofs_common::pm::Protection;
 #[cfg(feature = "embedded")]
 pub use kucofs_kfs::{ServerConfig, StatsSnapshot};

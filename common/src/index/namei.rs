@@ -3,10 +3,19 @@
 //! asked), at most [`MAX_SYMLINKS`] of them, and a trailing slash that
 //! demands a directory. Paths are taken relative to the file system's root
 //! whether or not they start with `/`.
+//!
+//! Ulib walks unchecked, for its own reads; Kfs walks as the caller of a
+//! change or open (`resolve_as`, `resolve_parent_as`), checking what
+//! Linux's `link_path_walk` checks: search permission on every directory
+//! a component is looked up in (the parent of the last component too,
+//! also for `.` and `..`), inside the targets of symlinks as well, and,
+//! where symlinks are [`Protected`], the rule for following a symlink that
+//! ends a path in a sticky directory ([`Creds::may_follow`]).
 
 use super::layout::InodeOff;
 use super::read::{IndexReader, Kind};
 use super::{NAME_MAX, PATH_MAX};
+use crate::access::{Creds, Protected, MAY_EXEC};
 use crate::pm::Words;
 use crate::Errno;
 
@@ -60,10 +69,123 @@ fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
     path.split(|&b| b == b'/').filter(|c| !c.is_empty())
 }
 
+/// The checks a walk makes on its way. A type parameter, not a value, so
+/// that the unchecked walk compiles to no checks at all.
+trait Gate {
+    /// May the walk look a name up in directory `dir`?
+    fn search<W: Words + ?Sized>(&self, r: &IndexReader<'_, W>, dir: InodeOff)
+        -> Result<(), Errno>;
+    /// May it follow symlink `link`, which ends the path, found in `dir`?
+    fn follow<W: Words + ?Sized>(
+        &self,
+        r: &IndexReader<'_, W>,
+        dir: InodeOff,
+        link: InodeOff,
+    ) -> Result<(), Errno>;
+}
+
+/// No checks: Ulib's own reads.
+struct Unchecked;
+
+impl Gate for Unchecked {
+    #[inline(always)]
+    fn search<W: Words + ?Sized>(&self, _: &IndexReader<'_, W>, _: InodeOff) -> Result<(), Errno> {
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn follow<W: Words + ?Sized>(
+        &self,
+        _: &IndexReader<'_, W>,
+        _: InodeOff,
+        _: InodeOff,
+    ) -> Result<(), Errno> {
+        Ok(())
+    }
+}
+
+/// A walk for a caller.
+struct AsCaller<'c> {
+    creds: &'c Creds,
+    protected: Protected,
+}
+
+impl Gate for AsCaller<'_> {
+    fn search<W: Words + ?Sized>(
+        &self,
+        r: &IndexReader<'_, W>,
+        dir: InodeOff,
+    ) -> Result<(), Errno> {
+        // Root searches every directory: no need to read its mode.
+        if self.creds.is_root() {
+            return Ok(());
+        }
+        self.creds.may(r.perm(dir).ok_or(Errno::EIO)?, MAY_EXEC)
+    }
+
+    fn follow<W: Words + ?Sized>(
+        &self,
+        r: &IndexReader<'_, W>,
+        dir: InodeOff,
+        link: InodeOff,
+    ) -> Result<(), Errno> {
+        if !self.protected.symlinks {
+            return Ok(());
+        }
+        let (dir, link) = (r.perm(dir), r.perm(link));
+        self.creds
+            .may_follow(dir.ok_or(Errno::EIO)?, link.ok_or(Errno::EIO)?)
+    }
+}
+
 impl<W: Words + ?Sized> IndexReader<'_, W> {
     /// Resolves `path` to an inode offset, following a final symlink if
     /// `follow` (a trailing slash always follows it).
     pub fn resolve(&self, path: &[u8], follow: bool) -> Result<InodeOff, Errno> {
+        self.resolve_gated(&Unchecked, path, follow)
+    }
+
+    /// [`IndexReader::resolve`] as `creds` would: `EACCES` where they
+    /// may not search a directory on the way, or follow a final symlink
+    /// (where symlinks are `protected`).
+    pub fn resolve_as(
+        &self,
+        path: &[u8],
+        follow: bool,
+        creds: &Creds,
+        protected: Protected,
+    ) -> Result<InodeOff, Errno> {
+        self.resolve_gated(&AsCaller { creds, protected }, path, follow)
+    }
+
+    /// Resolves every component of `path` but the last, which it returns.
+    pub fn resolve_parent<'p>(&self, path: &'p [u8]) -> Result<Parent<'p>, Errno> {
+        self.resolve_parent_gated(&Unchecked, path)
+    }
+
+    /// [`IndexReader::resolve_parent`] as `creds` would: `EACCES` where
+    /// they may not search a directory on the way, the parent included
+    /// (where the last component is to be looked up) unless the path names
+    /// the root.
+    pub fn resolve_parent_as<'p>(
+        &self,
+        path: &'p [u8],
+        creds: &Creds,
+    ) -> Result<Parent<'p>, Errno> {
+        // The last component is not walked: no symlink ends this walk.
+        let gate = AsCaller {
+            creds,
+            protected: Protected::NONE,
+        };
+        self.resolve_parent_gated(&gate, path)
+    }
+
+    fn resolve_gated<G: Gate>(
+        &self,
+        gate: &G,
+        path: &[u8],
+        follow: bool,
+    ) -> Result<InodeOff, Errno> {
         if path.is_empty() {
             return Err(Errno::ENOENT);
         }
@@ -72,15 +194,25 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
         }
         let mut links = 0;
         let trailing = path.ends_with(b"/");
-        let inode = self.walk(self.root(), path, follow || trailing, &mut links)?;
+        let inode = self.walk(
+            gate,
+            self.root(),
+            path,
+            follow || trailing,
+            true,
+            &mut links,
+        )?;
         if trailing && self.kind(inode) != Some(Kind::Dir) {
             return Err(Errno::ENOTDIR);
         }
         Ok(inode)
     }
 
-    /// Resolves every component of `path` but the last, which it returns.
-    pub fn resolve_parent<'p>(&self, path: &'p [u8]) -> Result<Parent<'p>, Errno> {
+    fn resolve_parent_gated<'p, G: Gate>(
+        &self,
+        gate: &G,
+        path: &'p [u8],
+    ) -> Result<Parent<'p>, Errno> {
         if path.is_empty() {
             return Err(Errno::ENOENT);
         }
@@ -90,9 +222,12 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
         let (dir_part, last, trailing_slash) = split_path(path);
         let root = self.root();
         let mut links = 0;
-        let dir = self.walk(root, dir_part, true, &mut links)?;
+        let dir = self.walk(gate, root, dir_part, true, false, &mut links)?;
         if self.kind(dir) != Some(Kind::Dir) {
             return Err(Errno::ENOTDIR);
+        }
+        if last != Last::Root {
+            gate.search(self, dir)?;
         }
         Ok(Parent {
             dir,
@@ -129,12 +264,18 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
         })
     }
 
-    /// Walks `path` from directory `start`.
-    fn walk(
+    /// Walks `path` from directory `start`, through `gate`. A symlink
+    /// that ends the path is followed if `follow_last`; `trailing` says
+    /// whether the path's end is the end of the whole resolution (the
+    /// path itself, or the target of a symlink that ended it), which is
+    /// where [`Gate::follow`] applies.
+    fn walk<G: Gate>(
         &self,
+        gate: &G,
         start: InodeOff,
         path: &[u8],
         follow_last: bool,
+        trailing: bool,
         links: &mut usize,
     ) -> Result<InodeOff, Errno> {
         let mut cur = start;
@@ -144,6 +285,7 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
             if self.kind(cur) != Some(Kind::Dir) {
                 return Err(Errno::ENOTDIR);
             }
+            gate.search(self, cur)?;
             cur = match c {
                 b"." => cur,
                 b".." => self.parent(cur),
@@ -161,6 +303,10 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
                         if *links > MAX_SYMLINKS {
                             return Err(Errno::ELOOP);
                         }
+                        let ends = is_last && trailing;
+                        if ends {
+                            gate.follow(self, cur, inode)?;
+                        }
                         let target = self.readlink(inode).ok_or(Errno::EIO)?;
                         if target.is_empty() {
                             return Err(Errno::ENOENT);
@@ -170,7 +316,7 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
                         } else {
                             cur
                         };
-                        let inode = self.walk(base, &target, true, links)?;
+                        let inode = self.walk(gate, base, &target, true, ends, links)?;
                         // A target ending in "/" names a directory or nothing.
                         if target.ends_with(b"/") && self.kind(inode) != Some(Kind::Dir) {
                             return Err(Errno::ENOTDIR);

@@ -6,6 +6,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use super::layout::*;
 use super::{name_hash, Ino, NAME_MAX};
+use crate::access::Perm;
 use crate::pm::Words;
 
 /// What kind of file an inode or entry is.
@@ -242,6 +243,35 @@ impl<'a, W: Words + ?Sized> IndexReader<'a, W> {
             fence(Ordering::Acquire);
             if m.load_u64(off.seq(), Ordering::Relaxed) == s1 {
                 return Some(a);
+            }
+        }
+    }
+
+    /// A consistent copy of an inode's mode, owner and group (what a
+    /// permission check reads), or `None` if `off` is not an inode.
+    pub fn perm(&self, off: InodeOff) -> Option<Perm> {
+        let m = self.mem;
+        loop {
+            if !self.has_tag(off.get(), TAG_INODE) {
+                return None;
+            }
+            // The sequence lock as in `attr`: this Acquire pairs with
+            // Kfs's Release store that makes `seq` even.
+            let s1 = m.load_u64(off.seq(), Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let p = Perm {
+                mode: m.load_u32(off.mode(), Ordering::Relaxed),
+                uid: m.load_u32(off.uid(), Ordering::Relaxed),
+                gid: m.load_u32(off.gid(), Ordering::Relaxed),
+            };
+            // Orders the loads above before the re-check of `seq` (pairs
+            // with Kfs's Release fence after making `seq` odd).
+            fence(Ordering::Acquire);
+            if m.load_u64(off.seq(), Ordering::Relaxed) == s1 {
+                return Some(p);
             }
         }
     }

@@ -7,7 +7,7 @@ use super::*;
 const ME: Creds = Creds::new(1000, 100);
 
 fn ns() -> Namespace {
-    Namespace::new(Creds::default(), 1).unwrap()
+    Namespace::new(ME, 1).unwrap()
 }
 
 fn create(ns: &mut Namespace, path: &str) -> Result<Option<Node>, Errno> {
@@ -248,8 +248,11 @@ fn setattr_changes_permission_bits_owner_and_times() {
             atime: Some(11),
             mtime: Some(22),
         },
+        now: Default::default(),
     };
-    ns.execute(&req, ME).unwrap();
+    // Only root gives a file away.
+    assert_eq!(ns.execute(&req, ME).unwrap_err(), Errno::EPERM);
+    ns.execute(&req, Creds::default()).unwrap();
     let r = ns.reader();
     let a = r.attr(r.resolve(b"f", true).unwrap()).unwrap();
     assert_eq!(
@@ -263,6 +266,7 @@ fn setattr_changes_permission_bits_owner_and_times() {
             mode: Some(0o170000),
             ..SetAttrs::default()
         },
+        now: Default::default(),
     };
     assert_eq!(ns.execute(&bad, ME).unwrap_err(), Errno::EINVAL);
 }
@@ -458,7 +462,7 @@ fn replaying_records_twice_changes_nothing_the_second_time() {
             a.commit(p).unwrap();
         }
     }
-    let mut b = Namespace::new(Creds::default(), 1).unwrap();
+    let mut b = Namespace::new(ME, 1).unwrap();
     for rec in log.iter().chain(log.iter()) {
         b.apply(rec).unwrap();
     }

@@ -212,6 +212,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
                         uid: Some(rng.below_as::<u32>(3)),
                         ..SetAttrs::default()
                     },
+                    now: Default::default(),
                 },
             );
         }

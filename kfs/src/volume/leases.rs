@@ -23,7 +23,7 @@ impl Volume {
         self.client(caller)?;
         let write = flags & open::WRITE != 0;
         let mut created = false;
-        let inode = match self.ns.reader().resolve(path, true) {
+        let inode = match self.ns.resolve_as(path, true, &caller.creds) {
             Ok(_) if flags & open::CREATE != 0 && flags & open::EXCL != 0 => {
                 return Err(Errno::EEXIST)
             }
@@ -48,6 +48,9 @@ impl Volume {
         let gen = kucofs_common::index::layout::header_gen(r.header(inode.get()));
         if kind == Kind::Dir && (write || flags & open::TRUNC != 0) {
             return Err(Errno::EISDIR);
+        }
+        if !created {
+            self.ns.may_open(inode, flags, &caller.creds)?;
         }
         if write
             && self

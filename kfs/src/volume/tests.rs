@@ -1543,6 +1543,7 @@ fn times_chosen_to_look_like_a_log_entry_are_not_taken_for_one() {
                     mtime: Some(mtime),
                     ..Default::default()
                 },
+                now: Default::default(),
             },
             ME,
         );

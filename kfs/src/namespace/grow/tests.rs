@@ -9,7 +9,7 @@ use crate::fsck::tests::problems;
 const ME: Creds = Creds::new(1000, 100);
 
 fn ns() -> Namespace {
-    Namespace::new(Creds::default(), 1).unwrap()
+    Namespace::new(ME, 1).unwrap()
 }
 
 fn create(ns: &mut Namespace, path: &str, mode: u32) -> u64 {
@@ -451,7 +451,7 @@ fn a_namespace_retired_into_its_store_mid_doubling_loads_whole() {
     use kucofs_common::format::Geometry;
     use kucofs_common::pm::Region;
     let g = Geometry::for_size(64 << 20).unwrap();
-    let mut ns = Namespace::with_store(Creds::default(), 1, &g).unwrap();
+    let mut ns = Namespace::with_store(ME, 1, &g).unwrap();
     let mut pages = crate::pages::Pages::new(&g, [], []).unwrap();
     // Stock for every store page the files below call for.
     for _ in 0..64 {
