@@ -49,7 +49,7 @@ const S_WAITING: u64 = 24;
 const S_WAKE: u64 = 28;
 const S_REQ_LEN: u64 = 32;
 const REPLY_RECORD: u64 = 64;
-const REQUEST_RECORD: u64 = 128;
+const REQUEST_RECORD: u64 = 192;
 // The reply fits between its start and the request's.
 const _: () = assert!(REPLY_RECORD + REPLY_SIZE as u64 <= REQUEST_RECORD);
 
