@@ -634,7 +634,12 @@ impl Namespace {
             | Request::Commit { .. }
             | Request::Truncate { .. }
             | Request::Unpool { .. }
-            | Request::Write { .. } => Err(Errno::EINVAL),
+            | Request::Write { .. }
+            | Request::Stat { .. }
+            | Request::Lookup { .. }
+            | Request::ReadDir { .. }
+            | Request::ReadLink { .. }
+            | Request::Read { .. } => Err(Errno::EINVAL),
         }
     }
 
@@ -1274,6 +1279,7 @@ impl Namespace {
 mod dir;
 mod grow;
 mod map;
+mod resolve_as;
 
 pub use dir::{LoadedEntry, DISMANTLE_STEP};
 pub use grow::GROW_STEP;
