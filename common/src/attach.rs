@@ -107,8 +107,7 @@ impl Welcome {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut w = [0u8; 8];
         w.copy_from_slice(&b[24..32]);
-        if b[..8] != WELCOME_MAGIC.to_le_bytes() || b[10] > 1 || b[11] != 0 || b[20..24] != [0; 4]
-        {
+        if b[..8] != WELCOME_MAGIC.to_le_bytes() || b[10] > 1 || b[11] != 0 || b[20..24] != [0; 4] {
             return Err(Errno::EPROTO);
         }
         let errno = u32_at(16).cast_signed();
@@ -132,7 +131,8 @@ impl Welcome {
 pub fn peer_groups(sock: impl AsFd) -> io::Result<Vec<u32>> {
     use std::os::fd::AsRawFd;
     let mut groups = vec![0u32; 4096];
-    let mut len = libc::socklen_t::try_from(groups.len() * 4).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let mut len =
+        libc::socklen_t::try_from(groups.len() * 4).map_err(|_| io::ErrorKind::InvalidInput)?;
     // SAFETY: `groups` is a live buffer of `len` bytes the kernel writes
     // at most `len` bytes of group ids into, and `len` is a live
     // `socklen_t` it writes the length back into; the descriptor is

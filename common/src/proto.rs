@@ -1759,7 +1759,8 @@ mod tests {
         // field is wrong.
         let at = HEADER + 1 + 4 + 1 + 4 + 4;
         req[at] = 1;
-        let crc = crate::checksum::crc32c_append(crate::checksum::crc32c(&req[..8]), &req[HEADER..]);
+        let crc =
+            crate::checksum::crc32c_append(crate::checksum::crc32c(&req[..8]), &req[HEADER..]);
         req[8..12].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(Request::decode(&req), Err(Errno::EPROTO));
     }

@@ -192,6 +192,9 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
     let stage_len = STAGE_BYTES * SLOTS as u64;
     let staging =
         Shm::create("kucofs-staging", stage_len, stage_len).map_err(|_| refuse(Errno::ENOMEM))?;
+    // The client holds it read-write: it must not be able to truncate it
+    // under Kfs's mapping.
+    staging.seal_size().map_err(|_| refuse(Errno::ENOMEM))?;
     let id = kfs
         .attach(Client {
             segment: kfs_side,
@@ -218,7 +221,11 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
     ];
     // An isolated client gets its own segment, the doorbell and its
     // staging area, and nothing of the file system.
-    let fds = if trusted { &all[..] } else { &all[..ISOLATED_FDS] };
+    let fds = if trusted {
+        &all[..]
+    } else {
+        &all[..ISOLATED_FDS]
+    };
     if let Err(e) = send_with_fds(&stream, &w.encode(), fds) {
         kfs.detach(id);
         return Err(e);

@@ -219,7 +219,8 @@ impl Inner {
         pages: u64,
         fill: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<Reply> {
-        self.conn.commit_after(slot, req, pages, self.region()?, fill)
+        self.conn
+            .commit_after(slot, req, pages, self.region()?, fill)
     }
 
     /// Sends `req` from this thread's slot.
@@ -899,7 +900,10 @@ impl Fs {
     fn stat(&self, path: &Path, follow: bool) -> io::Result<Metadata> {
         let p = bytes(path);
         if self.inner.isolated() {
-            return self.inner.stat_of(At::Path { path: p, follow }).map(Metadata);
+            return self
+                .inner
+                .stat_of(At::Path { path: p, follow })
+                .map(Metadata);
         }
         self.inner
             .with_index(|r| {

@@ -52,7 +52,10 @@ fn walk(
     links: &mut usize,
 ) -> Result<InodeOff, Errno> {
     let mut cur = start;
-    let mut comps = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).peekable();
+    let mut comps = path
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .peekable();
     while let Some(c) = comps.next() {
         let is_last = comps.peek().is_none();
         if r.kind(cur) != Some(Kind::Dir) {

@@ -62,7 +62,11 @@ impl Volume {
                 .clients
                 .get(&caller.client)
                 .is_some_and(|c| c.opens.contains_key(&n.ino));
-            return if open { Ok(n.inode) } else { Err(Errno::EACCES) };
+            return if open {
+                Ok(n.inode)
+            } else {
+                Err(Errno::EACCES)
+            };
         }
         // Up to the root, each directory above searchable; a chain longer
         // than any path could be is damage, not a directory.
@@ -196,11 +200,7 @@ impl Volume {
         len: u32,
         caller: Caller,
     ) -> Result<Reply, Errno> {
-        let client = self
-            .data
-            .clients
-            .get(&caller.client)
-            .ok_or(Errno::EINVAL)?;
+        let client = self.data.clients.get(&caller.client).ok_or(Errno::EINVAL)?;
         if !client.readable.contains_key(&ino) {
             return Err(Errno::EBADF);
         }

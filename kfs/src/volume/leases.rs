@@ -2,20 +2,15 @@
 //! counts per client, and the one client per file that holds its write
 //! lease and alone may commit to it.
 
+use kucofs_common::access::MAY_READ;
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::proto::{open, Node, Reply, Request};
-use kucofs_common::access::MAY_READ;
 use kucofs_common::Errno;
 
 use super::{Caller, Volume};
 
 /// Whether `caller` may `want` on `inode`, by its permission bits now.
-fn permitted(
-    ns: &crate::namespace::Namespace,
-    inode: InodeOff,
-    caller: Caller,
-    want: u32,
-) -> bool {
+fn permitted(ns: &crate::namespace::Namespace, inode: InodeOff, caller: Caller, want: u32) -> bool {
     ns.reader()
         .attr(inode)
         .is_some_and(|a| caller.creds.permits(a.mode, a.uid, a.gid, want))
