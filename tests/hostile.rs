@@ -203,19 +203,23 @@ fn run_child(s: &Setup, uid: u32) -> BTreeMap<String, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if uid != 0 {
+        let become_user = move || -> std::io::Result<()> {
+            // SAFETY: no pointer: an empty list of groups.
+            let groups = unsafe { libc::setgroups(0, std::ptr::null()) };
+            // SAFETY: plain system calls on this process's credentials.
+            let gid = unsafe { libc::setgid(uid) };
+            // SAFETY: as above.
+            let user = unsafe { libc::setuid(uid) };
+            if groups != 0 || gid != 0 || user != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        };
         // SAFETY: between fork and exec the closure only makes the
         // async-signal-safe calls setgroups, setgid and setuid, and
         // touches no lock or allocation.
         unsafe {
-            c.pre_exec(move || {
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(uid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+            c.pre_exec(become_user);
         }
     }
     let out = c.output().expect("the child runs");
@@ -430,7 +434,7 @@ fn a_hostile_client_reads_and_writes_nothing_it_may_not() {
         v
     };
     assert_eq!(names("/"), ["private", "pub", "secret"]);
-    assert_eq!(names("private"), [s.secret_name.clone()]);
+    assert_eq!(names("private"), std::slice::from_ref(&s.secret_name));
     assert_eq!(names("pub"), ["hello", "mine"]);
     assert_eq!(
         fs.read_link(format!("private/{}", s.secret_name)).unwrap(),
@@ -911,7 +915,7 @@ impl OwnMap {
             // SAFETY: `i` is inside the mapping; a volatile store of a
             // byte into shared memory another process reads is what this
             // test does on purpose.
-            unsafe { self.ptr.add(i).write_volatile(bytes[i % 8]) };
+            unsafe { self.ptr.wrapping_add(i).write_volatile(bytes[i % 8]) };
         }
     }
 }

@@ -22,11 +22,11 @@ use rustix::net::{
 use crate::proto::PROTO_VERSION;
 use crate::Errno;
 
-/// Descriptors a [`Welcome`] to a trusted client carries: segment,
-/// doorbell, index, image, staging area.
+/// Descriptors a [`Welcome`] to a trusted client carries, in this order:
+/// segment, doorbell, staging area, index, image.
 pub const WELCOME_FDS: usize = 5;
-/// Descriptors a [`Welcome`] to an isolated client carries: segment,
-/// doorbell, staging area.
+/// Descriptors a [`Welcome`] to an isolated client carries, in this
+/// order: segment, doorbell, staging area.
 pub const ISOLATED_FDS: usize = 3;
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"KucoHelo");

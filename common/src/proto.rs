@@ -261,7 +261,7 @@ impl<'a> Listed<'a> {
     }
 
     /// Bytes of the record.
-    pub fn len(&self) -> usize {
+    pub fn encoded_len(&self) -> usize {
         LISTED_HEAD + self.name.len()
     }
 
@@ -1782,7 +1782,7 @@ mod tests {
             for l in &listed {
                 l.encode(&mut buf).unwrap();
             }
-            prop_assert_eq!(buf.len(), listed.iter().map(Listed::len).sum::<usize>());
+            prop_assert_eq!(buf.len(), listed.iter().map(Listed::encoded_len).sum::<usize>());
             let count = u32::try_from(listed.len()).unwrap();
             prop_assert_eq!(Listed::decode_all(&buf, count), Ok(listed.clone()));
             // Cut short, or a record more than there is, or an unknown kind.

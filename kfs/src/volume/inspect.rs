@@ -233,3 +233,257 @@ impl Volume {
         Ok(Reply::Size(data.len() as u64))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kucofs_common::channel::SLOTS;
+    use kucofs_common::pm::Shm;
+    use kucofs_common::proto::{open, Creds, Request, SetAttrs};
+
+    use super::*;
+
+    const ROOT: Caller = Caller {
+        client: 0,
+        slot: 0,
+        creds: Creds::new(0, 0),
+    };
+    const USER: Caller = Caller {
+        client: 2,
+        slot: 3,
+        creds: Creds::new(1000, 1000),
+    };
+
+    fn staging() -> Shm {
+        let len = STAGE_BYTES * SLOTS as u64;
+        Shm::create("kucofs-test", len, len).unwrap()
+    }
+
+    fn ok(v: &mut Volume, req: &Request<'_>, who: Caller) -> Reply {
+        v.handle(req, who)
+            .unwrap_or_else(|e| panic!("{req:?}: {e:?}"))
+    }
+
+    fn make(v: &mut Volume, path: &[u8], mode: u32, target: &[u8]) {
+        ok(
+            v,
+            &Request::Create {
+                path,
+                mode,
+                target,
+                hint: None,
+            },
+            ROOT,
+        );
+    }
+
+    fn chmod(v: &mut Volume, path: &[u8], mode: u32) {
+        let attrs = SetAttrs {
+            mode: Some(mode),
+            ..SetAttrs::default()
+        };
+        ok(
+            v,
+            &Request::SetAttr {
+                path,
+                follow: false,
+                attrs,
+            },
+            ROOT,
+        );
+    }
+
+    fn path(path: &[u8], follow: bool) -> At<'_> {
+        At::Path { path, follow }
+    }
+
+    fn node(a: &kucofs_common::index::InodeAttr) -> Node {
+        Node {
+            ino: a.ino,
+            inode: a.offset,
+            gen: a.gen,
+        }
+    }
+
+    /// `who`'s staging slot's first `n` bytes.
+    fn staged(s: &Shm, who: Caller, n: u64) -> Vec<u8> {
+        let mut b = vec![0u8; page_index(n)];
+        s.try_read(u64::from(who.slot) * STAGE_BYTES, &mut b)
+            .unwrap();
+        b
+    }
+
+    /// Root writes `data` at `offset` of `file` through its staging area.
+    fn write(v: &mut Volume, s: &Shm, file: Ino, offset: u64, data: &[u8]) {
+        s.write(u64::from(ROOT.slot) * STAGE_BYTES, data).unwrap();
+        let len = u32::try_from(data.len()).unwrap();
+        ok(
+            v,
+            &Request::Write {
+                ino: file,
+                offset,
+                len,
+            },
+            ROOT,
+        );
+    }
+
+    #[test]
+    fn an_isolated_client_reads_what_its_credentials_allow_and_nothing_else() {
+        let dir = tempfile::Builder::new()
+            .prefix("kucofs-inspect-")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        let image = dir.path().join("img");
+        crate::mkfs(&image, 16 << 20, false).unwrap();
+        let mut v = Volume::open(&image).unwrap();
+        let (root_stage, user_stage) = (staging(), staging());
+        v.attach_client(
+            0,
+            None,
+            Default::default(),
+            Some(root_stage.map_again().unwrap()),
+        );
+        v.attach_client(
+            2,
+            None,
+            Default::default(),
+            Some(user_stage.map_again().unwrap()),
+        );
+        make(&mut v, b"d", libc::S_IFDIR | 0o755, b"");
+        make(&mut v, b"d/f", libc::S_IFREG | 0o644, b"");
+        chmod(&mut v, b"d", 0o700);
+        make(&mut v, b"pub", libc::S_IFDIR | 0o755, b"");
+        make(&mut v, b"pub/l", libc::S_IFLNK | 0o777, b"data");
+        make(&mut v, b"pub/secret", libc::S_IFREG | 0o600, b"");
+        // A file of two runs of data with a hole between.
+        let (file, _) = ok(
+            &mut v,
+            &Request::Open {
+                path: b"pub/data",
+                flags: open::WRITE | open::CREATE,
+                mode: 0o644,
+                hint: None,
+            },
+            ROOT,
+        )
+        .into_open()
+        .unwrap();
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        write(&mut v, &root_stage, file.ino, 0, &big);
+        write(&mut v, &root_stage, file.ino, 600_000, b"tail");
+        let mut model = big.clone();
+        model.resize(600_000, 0);
+        model.extend_from_slice(b"tail");
+
+        // Paths through a directory it may not search, and its listing.
+        let stat = |v: &mut Volume, at: At<'_>| v.handle(&Request::Stat { at }, USER);
+        assert_eq!(stat(&mut v, path(b"d/f", true)), Err(Errno::EACCES));
+        let d = stat(&mut v, path(b"d", true)).unwrap().into_attr().unwrap();
+        let list =
+            |v: &mut Volume, dir: At<'_>, after| v.handle(&Request::ReadDir { dir, after }, USER);
+        assert_eq!(list(&mut v, path(b"d", true), None), Err(Errno::EACCES));
+        assert_eq!(list(&mut v, At::Node(node(&d)), None), Err(Errno::EACCES));
+        let lookup =
+            |v: &mut Volume, dir, name: &[u8]| v.handle(&Request::Lookup { dir, name }, USER);
+        assert_eq!(lookup(&mut v, node(&d), b"f"), Err(Errno::EACCES));
+
+        // What it may see.
+        let p = stat(&mut v, path(b"pub", true))
+            .unwrap()
+            .into_attr()
+            .unwrap();
+        let found = lookup(&mut v, node(&p), b"data")
+            .unwrap()
+            .into_attr()
+            .unwrap();
+        assert_eq!((found.ino, found.size), (file.ino, 600_004));
+        assert_eq!(
+            stat(&mut v, path(b"pub/l", true))
+                .unwrap()
+                .into_attr()
+                .unwrap(),
+            found
+        );
+        assert_eq!(lookup(&mut v, node(&p), b"none"), Err(Errno::ENOENT));
+        assert_eq!(lookup(&mut v, node(&p), b"a/b"), Err(Errno::EINVAL));
+        let Ok(Reply::Listing {
+            entries,
+            bytes,
+            more,
+        }) = list(&mut v, path(b"pub", true), None)
+        else {
+            panic!("a listing");
+        };
+        let buf = staged(&user_stage, USER, u64::from(bytes));
+        let listed = Listed::decode_all(&buf, entries).unwrap();
+        let mut names: Vec<&[u8]> = listed.iter().map(|l| l.name).collect();
+        names.sort_unstable();
+        assert_eq!(names, [&b"data"[..], b"l", b"secret"]);
+        assert!(!more);
+        // From after the first entry, the others.
+        let first = (listed[0].hash, listed[0].name);
+        let Ok(Reply::Listing { entries, .. }) = list(&mut v, At::Node(node(&p)), Some(first))
+        else {
+            panic!("a listing");
+        };
+        assert_eq!(entries, 2);
+        let target = v
+            .handle(
+                &Request::ReadLink {
+                    at: path(b"pub/l", true),
+                },
+                USER,
+            )
+            .unwrap()
+            .into_size()
+            .unwrap();
+        assert_eq!(staged(&user_stage, USER, target), b"data");
+
+        // Nodes: a wrong generation, a made-up offset, a file not open.
+        let stale = Node {
+            gen: found.gen + 1,
+            ..node(&found)
+        };
+        assert_eq!(stat(&mut v, At::Node(stale)), Err(Errno::ESTALE));
+        let inside = Node {
+            inode: InodeOff::new(found.offset.get() + 8),
+            ..node(&found)
+        };
+        assert_eq!(stat(&mut v, At::Node(inside)), Err(Errno::ESTALE));
+        assert_eq!(stat(&mut v, At::Node(node(&found))), Err(Errno::EACCES));
+
+        // Data: only through an open allowed to read, a slot at a time.
+        let read =
+            |v: &mut Volume, ino, offset, len| v.handle(&Request::Read { ino, offset, len }, USER);
+        assert_eq!(read(&mut v, file.ino, 0, 10), Err(Errno::EBADF));
+        let open_read = |v: &mut Volume, path: &[u8]| {
+            let req = Request::Open {
+                path,
+                flags: 0,
+                mode: 0,
+                hint: None,
+            };
+            v.handle(&req, USER).unwrap().into_open().unwrap().0
+        };
+        open_read(&mut v, b"pub/data");
+        assert!(stat(&mut v, At::Node(node(&found))).is_ok());
+        let mut got = Vec::new();
+        while (got.len() as u64) < found.size + 10 {
+            let len = u32::try_from(STAGE_BYTES).unwrap();
+            let n = read(&mut v, file.ino, got.len() as u64, len)
+                .unwrap()
+                .into_size()
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend(staged(&user_stage, USER, n));
+        }
+        assert!(got == model, "the file's bytes, the hole as zeros");
+        let too_big = u32::try_from(STAGE_BYTES + 1).unwrap();
+        assert_eq!(read(&mut v, file.ino, 0, too_big), Err(Errno::EINVAL));
+        let secret = open_read(&mut v, b"pub/secret");
+        assert_eq!(read(&mut v, secret.ino, 0, 10), Err(Errno::EBADF));
+        v.close().unwrap();
+    }
+}
