@@ -38,12 +38,13 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(image: &Path, socket: &Path) -> Daemon {
+    fn start(image: &Path, socket: &Path, args: &[&str]) -> Daemon {
         let mut child = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
             .arg("serve")
             .arg(image)
             .arg("--socket")
             .arg(socket)
+            .args(args)
             .stderr(Stdio::piped())
             .spawn()
             .expect("kucofs serve starts");
@@ -191,7 +192,7 @@ fn setup() -> Option<Setup> {
 }
 
 /// Runs the child as `uid` and collects its reports: attempt -> outcome.
-fn run_child(s: &Setup, uid: u32) -> BTreeMap<String, String> {
+fn run_child(s: &Setup, uid: u32, trusted: bool) -> BTreeMap<String, String> {
     let mut c = support::child_test("hostile_child");
     c.env("KUCOFS_HOSTILE_SOCKET", &s.socket)
         .env("KUCOFS_HOSTILE_SECRET", hex(&masked(&s.secret)))
@@ -199,7 +200,7 @@ fn run_child(s: &Setup, uid: u32) -> BTreeMap<String, String> {
         .env("KUCOFS_HOSTILE_NAME", &s.secret_name)
         .env("KUCOFS_HOSTILE_SECRET_NODE", node_str(s.secret_node))
         .env("KUCOFS_HOSTILE_PRIVATE_NODE", node_str(s.private_node))
-        .env("KUCOFS_HOSTILE_TRUSTED", if uid == 0 { "1" } else { "0" })
+        .env("KUCOFS_HOSTILE_TRUSTED", if trusted { "1" } else { "0" })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if uid != 0 {
@@ -245,6 +246,23 @@ fn run_child(s: &Setup, uid: u32) -> BTreeMap<String, String> {
     reports
 }
 
+#[test]
+fn a_trusted_group_member_reads_every_file_but_writes_nothing() {
+    let Some(s) = setup() else {
+        return;
+    };
+    // `nobody` runs in group 65534 (its effective group).
+    let daemon = Daemon::start(&s.image, &s.socket, &["--trusted-group", "65534"]);
+    std::fs::set_permissions(&s.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_trusted(&run_child(&s, NOBODY, true));
+    assert!(daemon.stop(), "the daemon closed cleanly");
+    let report = kucofs_kfs::fsck(&s.image).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let fs = Fs::open(&s.image).unwrap();
+    assert_eq!(fs.read("secret").unwrap(), s.secret);
+    fs.close().unwrap();
+}
+
 /// The reports whose attempt starts with `prefix`.
 fn with_prefix<'a>(
     r: &'a BTreeMap<String, String>,
@@ -259,10 +277,10 @@ fn a_hostile_client_reads_and_writes_nothing_it_may_not() {
         return;
     };
     let image_before = std::fs::metadata(&s.image).unwrap();
-    let daemon = Daemon::start(&s.image, &s.socket);
+    let daemon = Daemon::start(&s.image, &s.socket, &[]);
     std::fs::set_permissions(&s.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
 
-    let r = run_child(&s, NOBODY);
+    let r = run_child(&s, NOBODY, false);
     let all: String = r.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
     // It was isolated: it holds no descriptor of the index or the image,
     // and maps neither.
@@ -358,6 +376,9 @@ fn a_hostile_client_reads_and_writes_nothing_it_may_not() {
         "stat-private",
         "write-pub-mine",
         "read-pub-mine",
+        "read-pub-big",
+        "file-pub-big",
+        "readdir-pub-many",
         "served-after-garbage",
     ] {
         assert_eq!(r.get(k).map(String::as_str), Some("ok"), "{k}\n{all}");
@@ -371,50 +392,7 @@ fn a_hostile_client_reads_and_writes_nothing_it_may_not() {
 
     // The trusted run: root may read through its mappings, yet writes
     // nothing through them either.
-    let t = run_child(&s, 0);
-    let all: String = t.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
-    assert_eq!(
-        t.get("welcome").map(String::as_str),
-        Some("trusted"),
-        "{all}"
-    );
-    let mut shared = 0;
-    for (k, target) in with_prefix(&t, "fd-target-") {
-        let fd = k.trim_start_matches("fd-target-");
-        if target.contains("kucofs-index") || target.contains("fs.img") {
-            shared += 1;
-            for attempt in ["pwrite", "mmapw", "ftruncate"] {
-                let v = &t[&format!("{attempt}-{fd}")];
-                assert!(
-                    v.starts_with("refused"),
-                    "{attempt} on {target}: {v}\n{all}"
-                );
-            }
-        }
-    }
-    // The image's descriptor (the index's is closed once mapped).
-    assert!(shared >= 1, "the trusted client holds the image\n{all}");
-    let mut maps = 0;
-    for (k, name) in with_prefix(&t, "map-") {
-        if !k.ends_with("-name") || !(name.contains("kucofs-index") || name.contains("fs.img")) {
-            continue;
-        }
-        maps += 1;
-        let at = k.trim_start_matches("map-").trim_end_matches("-name");
-        for attempt in ["mprotect", "procmem"] {
-            let v = &t[&format!("{attempt}-{at}")];
-            assert!(v.starts_with("refused"), "{attempt} on {name}: {v}\n{all}");
-        }
-    }
-    assert!(
-        maps >= 2,
-        "the trusted client maps the index and image\n{all}"
-    );
-    // The weakening the docs state: it can read the secret.
-    assert!(
-        with_prefix(&t, "scan-").any(|(_, v)| v == "found"),
-        "a trusted client reads every file through its mappings\n{all}"
-    );
+    assert_trusted(&run_child(&s, 0, true));
 
     // The image changed by the valid requests only, and checks clean.
     assert!(daemon.stop(), "the daemon closed cleanly");
@@ -435,7 +413,8 @@ fn a_hostile_client_reads_and_writes_nothing_it_may_not() {
     };
     assert_eq!(names("/"), ["private", "pub", "secret"]);
     assert_eq!(names("private"), std::slice::from_ref(&s.secret_name));
-    assert_eq!(names("pub"), ["hello", "mine"]);
+    assert_eq!(names("pub"), ["big", "hello", "many", "mine"]);
+    assert_eq!(names("pub/many").len(), 1100);
     assert_eq!(
         fs.read_link(format!("private/{}", s.secret_name)).unwrap(),
         Path::new(std::str::from_utf8(&s.secret_target).unwrap())
@@ -443,6 +422,54 @@ fn a_hostile_client_reads_and_writes_nothing_it_may_not() {
     assert_eq!(fs.metadata("pub/mine").unwrap().uid(), NOBODY);
     fs.close().unwrap();
     drop(s.dir);
+}
+
+/// A trusted client's reports: it holds the image (and maps the index),
+/// could write through none of it, and could read the secret.
+fn assert_trusted(t: &BTreeMap<String, String>) {
+    let all: String = t.iter().map(|(k, v)| format!("{k} {v}\n")).collect();
+    assert_eq!(
+        t.get("welcome").map(String::as_str),
+        Some("trusted"),
+        "{all}"
+    );
+    let mut shared = 0;
+    for (k, target) in with_prefix(t, "fd-target-") {
+        let fd = k.trim_start_matches("fd-target-");
+        if target.contains("kucofs-index") || target.contains("fs.img") {
+            shared += 1;
+            for attempt in ["pwrite", "mmapw", "ftruncate"] {
+                let v = &t[&format!("{attempt}-{fd}")];
+                assert!(
+                    v.starts_with("refused"),
+                    "{attempt} on {target}: {v}\n{all}"
+                );
+            }
+        }
+    }
+    // The image's descriptor (the index's is closed once mapped).
+    assert!(shared >= 1, "the trusted client holds the image\n{all}");
+    let mut maps = 0;
+    for (k, name) in with_prefix(t, "map-") {
+        if !k.ends_with("-name") || !(name.contains("kucofs-index") || name.contains("fs.img")) {
+            continue;
+        }
+        maps += 1;
+        let at = k.trim_start_matches("map-").trim_end_matches("-name");
+        for attempt in ["mprotect", "procmem"] {
+            let v = &t[&format!("{attempt}-{at}")];
+            assert!(v.starts_with("refused"), "{attempt} on {name}: {v}\n{all}");
+        }
+    }
+    assert!(
+        maps >= 2,
+        "the trusted client maps the index and image\n{all}"
+    );
+    // The weakening the docs state: it can read the secret.
+    assert!(
+        with_prefix(t, "scan-").any(|(_, v)| v == "found"),
+        "a trusted client reads every file through its mappings\n{all}"
+    );
 }
 
 // ---- the child ---------------------------------------------------------------
@@ -768,6 +795,51 @@ fn attack_requests(socket: &Path, fs: &Fs) {
         "read-pub-mine",
         match fs.read("pub/mine") {
             Ok(b) if b == b"written by nobody" => "ok".into(),
+            other => format!("wrong {other:?}"),
+        },
+    );
+    // Reads of several staging slots' worth, and listings of several
+    // batches.
+    let big: Vec<u8> = (0..1_200_000u32).map(|i| (i % 241) as u8).collect();
+    report(
+        "read-pub-big",
+        match fs.write("pub/big", &big).and_then(|()| fs.read("pub/big")) {
+            Ok(b) if b == big => "ok".into(),
+            Ok(b) => format!("wrong {} bytes", b.len()),
+            Err(e) => outcome::<()>(Err(e)),
+        },
+    );
+    let file = || -> std::io::Result<bool> {
+        use std::io::{Seek, SeekFrom};
+        let mut f = OpenOptions::new().read(true).open(fs, "pub/big")?;
+        let end = f.seek(SeekFrom::End(-10))?;
+        let mut tail = Vec::new();
+        f.read_to_end(&mut tail)?;
+        Ok(end == 1_199_990 && tail == big[1_199_990..] && f.metadata()?.len() == 1_200_000)
+    };
+    report(
+        "file-pub-big",
+        match file() {
+            Ok(true) => "ok".into(),
+            other => format!("wrong {other:?}"),
+        },
+    );
+    let many = || -> std::io::Result<usize> {
+        fs.create_dir("pub/many")?;
+        for i in 0..1100 {
+            fs.create_file(format!("pub/many/{i}"))?;
+        }
+        let mut n = 0;
+        for e in fs.read_dir("pub/many")? {
+            let e = e?;
+            n += usize::from(e.metadata()?.is_file());
+        }
+        Ok(n)
+    };
+    report(
+        "readdir-pub-many",
+        match many() {
+            Ok(1100) => "ok".into(),
             other => format!("wrong {other:?}"),
         },
     );
