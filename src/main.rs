@@ -68,6 +68,15 @@ enum Command {
         /// with SIGTERM, e.g. `kill PID` with the PID it prints).
         #[arg(long)]
         background: bool,
+        /// Trust the members of GROUP (a name or a number) as root and the
+        /// daemon's own user are trusted: they get read-only mappings of
+        /// the whole index and image for fast reads. This weakens
+        /// isolation: each member can read every file in the image,
+        /// whatever its permissions, through its mappings. Without it,
+        /// other users' clients map nothing of the file system and read
+        /// through requests the daemon checks.
+        #[arg(long, value_name = "GROUP")]
+        trusted_group: Option<String>,
     },
     /// Crash every operation at every fence: recover each crash image the
     /// hardware allows (up to K torn cache lines) and check it; exits
@@ -125,7 +134,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             image,
             socket,
             background,
+            trusted_group,
         } => {
+            let trust = kucofs_kfs::daemon::Trust {
+                group: trusted_group.as_deref().map(group_id).transpose()?,
+            };
             let ready_pipe = if background {
                 match daemonize().context("serve --background")? {
                     Side::Parent(code) => return Ok(code),
@@ -139,6 +152,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &image,
                 &socket,
                 kucofs_kfs::ServerConfig::default(),
+                trust,
                 &STOP,
                 || {
                     eprintln!(
@@ -217,6 +231,25 @@ fn daemonize() -> anyhow::Result<Side> {
     // child, which has ended or is ending (its end of the pipe closed).
     unsafe { libc::waitpid(pid, &mut status, 0) };
     Err(anyhow::anyhow!("the daemon ended before it could serve"))
+}
+
+/// The group `group` names: a number, or a name in `/etc/group`.
+fn group_id(group: &str) -> anyhow::Result<u32> {
+    if let Ok(gid) = group.parse() {
+        return Ok(gid);
+    }
+    let table = std::fs::read_to_string("/etc/group")
+        .with_context(|| format!("look up group {group}: read /etc/group"))?;
+    table
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let gid = f.nth(1)?.parse().ok()?;
+            (name == group).then_some(gid)
+        })
+        .next()
+        .with_context(|| format!("look up group {group}: no such group in /etc/group"))
 }
 
 /// Set by SIGTERM and SIGINT: `kucofs serve` stops.

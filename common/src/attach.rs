@@ -2,11 +2,13 @@
 //! §5): over a Unix stream socket, the client says which protocol it
 //! speaks ([`Hello`]); the daemon answers ([`Welcome`]) with the client's
 //! number and, as `SCM_RIGHTS`, the descriptors of its request segment,
-//! the doorbell and its staging area (read-write) and of the index and
-//! the image (opened read-only, so that no mapping of them in the client
-//! can be made writable). The socket stays open while the client is attached: the
-//! daemon learns of the client's end when it closes, and the client of
-//! the daemon's.
+//! the doorbell and its staging area (read-write) and, for a trusted
+//! client only, of the index and the image (opened read-only, so that no
+//! mapping of them in the client can be made writable); an isolated
+//! client gets neither and reads through requests (ARCHITECTURE.md §2,
+//! "daemon mode + threat model"). The socket stays open while the client
+//! is attached: the daemon learns of the client's end when it closes, and
+//! the client of the daemon's.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -20,9 +22,12 @@ use rustix::net::{
 use crate::proto::PROTO_VERSION;
 use crate::Errno;
 
-/// Descriptors a [`Welcome`] carries: segment, doorbell, index, image,
-/// staging area.
+/// Descriptors a [`Welcome`] to a trusted client carries, in this order:
+/// segment, doorbell, staging area, index, image.
 pub const WELCOME_FDS: usize = 5;
+/// Descriptors a [`Welcome`] to an isolated client carries, in this
+/// order: segment, doorbell, staging area.
+pub const ISOLATED_FDS: usize = 3;
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"KucoHelo");
 const WELCOME_MAGIC: u64 = u64::from_le_bytes(*b"KucoWelc");
@@ -77,6 +82,9 @@ pub struct Welcome {
     /// Bytes of address space to map the index over (it grows up to
     /// that without being mapped again).
     pub index_reserve: u64,
+    /// The client is trusted: the index and the image come with the
+    /// welcome. Otherwise it is isolated, and reads through requests.
+    pub trusted: bool,
 }
 
 impl Welcome {
@@ -85,6 +93,7 @@ impl Welcome {
         let mut b = [0u8; WELCOME_SIZE];
         b[..8].copy_from_slice(&WELCOME_MAGIC.to_le_bytes());
         b[8..10].copy_from_slice(&self.version.to_le_bytes());
+        b[10] = u8::from(self.trusted);
         match self.result {
             Ok(client) => b[12..16].copy_from_slice(&client.to_le_bytes()),
             Err(e) => b[16..20].copy_from_slice(&e.get().to_le_bytes()),
@@ -98,7 +107,7 @@ impl Welcome {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut w = [0u8; 8];
         w.copy_from_slice(&b[24..32]);
-        if b[..8] != WELCOME_MAGIC.to_le_bytes() || b[10..12] != [0, 0] || b[20..24] != [0; 4] {
+        if b[..8] != WELCOME_MAGIC.to_le_bytes() || b[10] > 1 || b[11] != 0 || b[20..24] != [0; 4] {
             return Err(Errno::EPROTO);
         }
         let errno = u32_at(16).cast_signed();
@@ -111,6 +120,7 @@ impl Welcome {
             version: u16::from_le_bytes([b[8], b[9]]),
             result,
             index_reserve: u64::from_le_bytes(w),
+            trusted: b[10] == 1,
         })
     }
 }
@@ -191,18 +201,32 @@ mod tests {
         bad[15] = 1;
         assert_eq!(Hello::decode(&bad), Err(Errno::EPROTO));
         for result in [Ok(0), Ok(42), Err(Errno::EACCES)] {
-            let w = Welcome {
-                version: 4,
-                result,
-                index_reserve: 1 << 36,
-            };
-            assert_eq!(Welcome::decode(&w.encode()), Ok(w));
+            for trusted in [false, true] {
+                let w = Welcome {
+                    version: 4,
+                    result,
+                    index_reserve: 1 << 36,
+                    trusted,
+                };
+                assert_eq!(Welcome::decode(&w.encode()), Ok(w));
+            }
         }
+        // Trust is a flag: 0 or 1.
+        let mut bad = Welcome {
+            version: 4,
+            result: Ok(1),
+            index_reserve: 0,
+            trusted: true,
+        }
+        .encode();
+        bad[10] = 2;
+        assert_eq!(Welcome::decode(&bad), Err(Errno::EPROTO));
         // Both a client number and an errno, or an errno out of range.
         let mut bad = Welcome {
             version: 4,
             result: Ok(3),
             index_reserve: 0,
+            trusted: false,
         }
         .encode();
         bad[16] = 5;

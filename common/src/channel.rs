@@ -49,7 +49,7 @@ const S_WAITING: u64 = 24;
 const S_WAKE: u64 = 28;
 const S_REQ_LEN: u64 = 32;
 const REPLY_RECORD: u64 = 64;
-const REQUEST_RECORD: u64 = 128;
+const REQUEST_RECORD: u64 = 192;
 // The reply fits between its start and the request's.
 const _: () = assert!(REPLY_RECORD + REPLY_SIZE as u64 <= REQUEST_RECORD);
 
@@ -83,6 +83,9 @@ impl Segment {
     pub fn create() -> crate::Result<Segment> {
         let len = SEGMENT_SIZE;
         let shm = Shm::create("kucofs-channel", len, len)?;
+        // A client process holds this read-write: it must not be able to
+        // truncate it under Kfs's mapping.
+        shm.seal_size()?;
         shm.store_u64(H_SLOTS, SLOTS as u64, Ordering::Relaxed)?;
         shm.store_u64(H_MAGIC, MAGIC, Ordering::Release)?;
         Ok(Segment { shm })
@@ -352,9 +355,10 @@ pub struct Doorbell {
 impl Doorbell {
     /// A new doorbell.
     pub fn create() -> crate::Result<Doorbell> {
-        Ok(Doorbell {
-            shm: Shm::create("kucofs-doorbell", DOORBELL_SIZE, DOORBELL_SIZE)?,
-        })
+        let shm = Shm::create("kucofs-doorbell", DOORBELL_SIZE, DOORBELL_SIZE)?;
+        // Every client process holds this read-write (see `Segment::create`).
+        shm.seal_size()?;
+        Ok(Doorbell { shm })
     }
 
     /// The doorbell behind `fd`, as another process handed it.

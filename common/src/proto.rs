@@ -8,7 +8,7 @@
 
 use crate::codec::{Reader, Writer};
 use crate::format::PageNo;
-use crate::index::{DirentOff, Ino, InodeOff, PATH_MAX};
+use crate::index::{DirEntryInfo, DirentOff, Ino, InodeAttr, InodeOff, Kind, NAME_MAX, PATH_MAX};
 use crate::Errno;
 
 /// Version of what a client and Kfs must agree on: the request encoding
@@ -16,14 +16,17 @@ use crate::Errno;
 /// carry their next node's hash tag; 3: a grant's reply carries up to
 /// [`GRANT_RUNS`] more runs; 4: a reply carries a kind tag, and the
 /// fields of its kind only; 5: [`Request::Write`]; 6: [`Request::Statfs`],
-/// [`open::READ`], and [`Request::SetAttr`] carries [`TimesNow`]).
+/// [`open::READ`], [`Request::SetAttr`] carries [`TimesNow`], and the
+/// reading requests of an isolated client, [`Request::Stat`] to
+/// [`Request::Read`], with their replies [`Reply::Attr`] and
+/// [`Reply::Listing`]).
 pub const PROTO_VERSION: u16 = 6;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
 pub const HINT_SIZE: usize = 4 + 8 + 4 + 8 + 8 + 4;
-/// Encoded size of a reply.
-pub const REPLY_SIZE: usize = 24 + 8 * GRANT_RUNS;
+/// Encoded size of a reply: the largest, an inode's attributes.
+pub const REPLY_SIZE: usize = R_ATTR_END;
 /// Runs a grant's reply carries beyond its first: where free pages lie
 /// scattered (every random overwrite frees one somewhere), a grant of one
 /// run would hand out a page or two, and a writer would ask for a grant
@@ -215,6 +218,136 @@ pub enum Request<'a> {
     /// Replied [`Reply::Statfs`]: a client that cannot read Kfs's
     /// counters (a daemon's) learns them this way.
     Statfs,
+    /// The attributes of what `at` names. Replied [`Reply::Attr`]. Like
+    /// the requests after it, it reads and changes nothing: an isolated
+    /// client (ARCHITECTURE.md §2), which maps neither the index nor the
+    /// image, reads through these, and Kfs checks each against the
+    /// caller's credentials (search permission along a path).
+    Stat { at: At<'a> },
+    /// The entry `name` in directory `dir` (which needs search
+    /// permission): its node and attributes, replied [`Reply::Attr`].
+    Lookup { dir: Node, name: &'a [u8] },
+    /// Entries of the directory `dir` names (which needs read
+    /// permission), in key order, from the one after the entry `after`
+    /// (its key hash and name; `None`: from the first): as many as fit
+    /// are written into this slot's part of the staging area
+    /// ([`STAGE_BYTES`]) as [`Listed`] records. Replied
+    /// [`Reply::Listing`].
+    ReadDir {
+        dir: At<'a>,
+        after: Option<(u64, &'a [u8])>,
+    },
+    /// The target of the symlink `at` names, written into this slot's
+    /// part of the staging area. Replied [`Reply::Size`]: its length.
+    ReadLink { at: At<'a> },
+    /// Up to `len` (at most [`STAGE_BYTES`]) bytes of the file `ino` from
+    /// `offset`, copied by Kfs into this slot's part of the staging area;
+    /// the client must have the file open, and have been allowed to read
+    /// it when it opened it. Replied [`Reply::Size`]: the bytes copied (0
+    /// at or past the end).
+    Read { ino: Ino, offset: u64, len: u32 },
+}
+
+impl<'a> At<'a> {
+    /// The path, or nothing for a node.
+    pub fn path(&self) -> &'a [u8] {
+        match *self {
+            At::Path { path, .. } => path,
+            At::Node(_) => b"",
+        }
+    }
+}
+
+/// What a reading request names: a path (resolved from the root,
+/// following a final symlink if `follow`) or a node (its inode number,
+/// offset and generation, all three checked: a node that is gone or was
+/// reused is `ESTALE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At<'a> {
+    /// A path.
+    Path { path: &'a [u8], follow: bool },
+    /// A node.
+    Node(Node),
+}
+
+/// One directory entry as [`Request::ReadDir`] writes it into the staging
+/// area: key hash, inode number and inode offset (8 bytes each), kind (1),
+/// name length (1), name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listed<'a> {
+    /// Its key hash (with the name, where the next listing resumes).
+    pub hash: u64,
+    /// The inode number it names.
+    pub ino: Ino,
+    /// That inode's offset in the index.
+    pub inode: InodeOff,
+    /// The kind of what it names.
+    pub kind: Kind,
+    /// The name.
+    pub name: &'a [u8],
+}
+
+/// Fixed bytes of a [`Listed`] record before its name.
+pub const LISTED_HEAD: usize = 8 + 8 + 8 + 1 + 1;
+
+impl<'a> Listed<'a> {
+    /// The record of a directory entry Kfs read.
+    pub fn of(e: &'a DirEntryInfo) -> Listed<'a> {
+        Listed {
+            hash: e.hash,
+            ino: e.ino,
+            inode: e.inode,
+            kind: e.kind,
+            name: &e.name,
+        }
+    }
+
+    /// Bytes of the record.
+    pub fn encoded_len(&self) -> usize {
+        LISTED_HEAD + self.name.len()
+    }
+
+    /// Appends the record to `out`; `ENAMETOOLONG` for a name no entry has.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), Errno> {
+        if self.name.len() > usize::from(u8::MAX) {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let mut w = Writer(out);
+        w.u64(self.hash);
+        w.u64(self.ino.get());
+        w.u64(self.inode.get());
+        w.u8(self.kind.to_byte());
+        w.bytes8(self.name)
+    }
+
+    /// The records of a listing of `count` entries in `buf`; `EPROTO`
+    /// unless `buf` holds exactly that many well-formed records (a kind
+    /// that is one, a name of 1 to [`NAME_MAX`] bytes).
+    pub fn decode_all(buf: &'a [u8], count: u32) -> Result<Vec<Listed<'a>>, Errno> {
+        let mut out = Vec::new();
+        let mut r = Reader::new(buf);
+        for _ in 0..count {
+            let hash = r.u64()?;
+            let ino = Ino::new(r.u64()?);
+            let inode = InodeOff::new(r.u64()?);
+            let kind = Kind::from_byte(r.u8()?).ok_or(Errno::EPROTO)?;
+            let name = r.bytes8(NAME_MAX)?;
+            if name.is_empty() {
+                return Err(Errno::EPROTO);
+            }
+            out.push(Listed {
+                hash,
+                ino,
+                inode,
+                kind,
+                name,
+            });
+        }
+        if !r.done() {
+            return Err(Errno::EPROTO);
+        }
+        Ok(out)
+    }
 }
 
 /// Bytes of a slot's part of a client's staging area: the most one
@@ -466,10 +599,24 @@ pub enum Reply {
     },
     /// Grant: the pool pages handed out.
     Grant(Grant),
-    /// Commit and truncate: the file's size after the change.
+    /// Commit and truncate: the file's size after the change; write:
+    /// its size; read-link and read: the bytes written into the staging
+    /// area.
     Size(u64),
     /// Statfs: the file system's size and free space.
     Statfs(Statfs),
+    /// Stat and lookup: the node's attributes (its inode offset,
+    /// generation and number among them).
+    Attr(InodeAttr),
+    /// Read-dir: the entries written into the staging area.
+    Listing {
+        /// How many records.
+        entries: u32,
+        /// Their bytes.
+        bytes: u32,
+        /// The directory has entries after the last one written.
+        more: bool,
+    },
 }
 
 /// The shapes of [`Reply`], and the kind tag of its encoding.
@@ -488,6 +635,10 @@ pub enum ReplyKind {
     Size = 5,
     #[allow(missing_docs)]
     Statfs = 6,
+    #[allow(missing_docs)]
+    Attr = 7,
+    #[allow(missing_docs)]
+    Listing = 8,
 }
 
 /// The kind tag of a failure's encoding.
@@ -496,15 +647,22 @@ const TAG_ERR: u8 = 0xff;
 // Reply encoding: byte 0 the kind tag; byte 1 an open's `created`; bytes
 // 4..8 a failure's errno or a node's generation; 8..16 a node's inode
 // number, a size, or a grant's first page; 16..24 a node's inode offset or
-// a grant's first count; then a grant's packed runs. A statfs fills every
-// field from byte 4 (see `Reply::encode`). Every other byte is 0.
+// a grant's first count; then a grant's packed runs. A statfs fills the
+// words from byte 4 to 56 (see `Reply::encode`). Attributes: the
+// node's generation, number and offset as a node's, then from `R_ATTR` the
+// mode, link count, owner and group (4 bytes each), size, access,
+// modification, status-change and creation times, and entries (8 each). A
+// listing: byte 1 `more`, 4..8 the records, 8..12 their bytes. Every other
+// byte is 0.
 const R_TAG: usize = 0;
 const R_CREATED: usize = 1;
 const R_WORD: usize = 4;
 const R_A: usize = 8;
 const R_B: usize = 16;
 const R_RUNS: usize = 24;
-const _: () = assert!(R_RUNS + 8 * GRANT_RUNS == REPLY_SIZE);
+const R_ATTR: usize = 24;
+const R_ATTR_END: usize = R_ATTR + 4 * 4 + 8 * 6;
+const _: () = assert!(R_RUNS + 8 * GRANT_RUNS <= REPLY_SIZE);
 
 impl Reply {
     /// The reply's shape.
@@ -516,6 +674,8 @@ impl Reply {
             Reply::Grant(_) => ReplyKind::Grant,
             Reply::Size(_) => ReplyKind::Size,
             Reply::Statfs(_) => ReplyKind::Statfs,
+            Reply::Attr(_) => ReplyKind::Attr,
+            Reply::Listing { .. } => ReplyKind::Listing,
         }
     }
 
@@ -561,6 +721,14 @@ impl Reply {
         }
     }
 
+    /// A stat's or lookup's attributes; `EPROTO` for any other reply.
+    pub fn into_attr(self) -> Result<InodeAttr, Errno> {
+        match self {
+            Reply::Attr(a) => Ok(a),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
     /// The reply to a namespace change (ARCHITECTURE.md §6) of a request
     /// expecting `kind`, given the node the change named, if any: that
     /// node for a create or link, nothing for the others. `EIO` for a
@@ -569,9 +737,12 @@ impl Reply {
         match kind {
             ReplyKind::Node => node.map(Reply::Node).ok_or(Errno::EIO),
             ReplyKind::Done => Ok(Reply::Done),
-            ReplyKind::Open | ReplyKind::Grant | ReplyKind::Size | ReplyKind::Statfs => {
-                Err(Errno::EIO)
-            }
+            ReplyKind::Open
+            | ReplyKind::Grant
+            | ReplyKind::Size
+            | ReplyKind::Statfs
+            | ReplyKind::Attr
+            | ReplyKind::Listing => Err(Errno::EIO),
         }
     }
 
@@ -613,6 +784,34 @@ impl Reply {
                         for (i, w) in words.iter().enumerate() {
                             put(R_A + 8 * i, &w.to_le_bytes());
                         }
+                    }
+                    Reply::Attr(a) => {
+                        put(R_WORD, &a.gen.to_le_bytes());
+                        put(R_A, &a.ino.get().to_le_bytes());
+                        put(R_B, &a.offset.get().to_le_bytes());
+                        for (i, v) in [a.mode, a.nlink, a.uid, a.gid].iter().enumerate() {
+                            put(R_ATTR + 4 * i, &v.to_le_bytes());
+                        }
+                        let wide = [
+                            a.size,
+                            a.atime.cast_unsigned(),
+                            a.mtime.cast_unsigned(),
+                            a.ctime.cast_unsigned(),
+                            a.btime.cast_unsigned(),
+                            a.entries,
+                        ];
+                        for (i, v) in wide.iter().enumerate() {
+                            put(R_ATTR + 16 + 8 * i, &v.to_le_bytes());
+                        }
+                    }
+                    Reply::Listing {
+                        entries,
+                        bytes,
+                        more,
+                    } => {
+                        put(R_CREATED, &[u8::from(more)]);
+                        put(R_WORD, &entries.to_le_bytes());
+                        put(R_A, &bytes.to_le_bytes());
                     }
                 }
                 if let Reply::Open { created: true, .. } = r {
@@ -678,7 +877,8 @@ impl Reply {
                 let ok = first.1 != 0
                     && more[..listed].iter().all(|&r| r >> RUN_PAGE_BITS != 0)
                     && more[listed..].iter().all(|&r| r == 0)
-                    && zero(1..R_A);
+                    && zero(1..R_A)
+                    && zero(R_RUNS + 8 * GRANT_RUNS..REPLY_SIZE);
                 (
                     Reply::Grant(Grant {
                         first: (PageNo::new(first.0), first.1),
@@ -704,11 +904,40 @@ impl Reply {
                 // What Kfs counts: no more free than there are, no more
                 // available than free.
                 let ok = zero(1..R_WORD)
+                    && zero(R_A + 48..REPLY_SIZE)
                     && s.blocks_free <= s.blocks
                     && s.blocks_avail <= s.blocks_free
                     && s.files_free <= s.files;
                 (Reply::Statfs(s), ok)
             }
+            ReplyKind::Attr => {
+                let wide = |i: usize| u64_at(R_ATTR + 16 + 8 * i);
+                let n = node();
+                let attr = InodeAttr {
+                    offset: n.inode,
+                    gen: n.gen,
+                    ino: n.ino,
+                    mode: u32_at(R_ATTR),
+                    nlink: u32_at(R_ATTR + 4),
+                    uid: u32_at(R_ATTR + 8),
+                    gid: u32_at(R_ATTR + 12),
+                    size: wide(0),
+                    atime: wide(1).cast_signed(),
+                    mtime: wide(2).cast_signed(),
+                    ctime: wide(3).cast_signed(),
+                    btime: wide(4).cast_signed(),
+                    entries: wide(5),
+                };
+                (Reply::Attr(attr), zero(1..R_WORD))
+            }
+            ReplyKind::Listing => (
+                Reply::Listing {
+                    entries: u32_at(R_WORD),
+                    bytes: u32_at(R_A),
+                    more: b[R_CREATED] == 1,
+                },
+                b[R_CREATED] <= 1 && zero(R_CREATED + 1..R_WORD) && zero(R_A + 4..REPLY_SIZE),
+            ),
         };
         if !ok {
             return Err(Errno::EPROTO);
@@ -732,6 +961,11 @@ mod op {
     pub const UNPOOL: u16 = 12;
     pub const WRITE: u16 = 13;
     pub const STATFS: u16 = 14;
+    pub const STAT: u16 = 15;
+    pub const LOOKUP: u16 = 16;
+    pub const READDIR: u16 = 17;
+    pub const READLINK: u16 = 18;
+    pub const READ: u16 = 19;
 }
 
 /// Bytes before the body: version u16, op u16, body length u32, and the
@@ -765,6 +999,45 @@ fn get_hint(r: &mut Reader<'_>) -> Result<Option<Hint>, Errno> {
 /// Longest byte string (path, name or symlink target) in a request.
 const STRING_MAX: usize = PATH_MAX - 1;
 
+fn put_node(w: &mut Writer<'_>, n: &Node) {
+    w.u64(n.ino.get());
+    w.u64(n.inode.get());
+    w.u32(n.gen);
+}
+
+fn get_node(r: &mut Reader<'_>) -> Result<Node, Errno> {
+    Ok(Node {
+        ino: Ino::new(r.u64()?),
+        inode: InodeOff::new(r.u64()?),
+        gen: r.u32()?,
+    })
+}
+
+fn put_at(w: &mut Writer<'_>, at: &At<'_>) {
+    match at {
+        At::Path { path, follow } => {
+            w.u8(0);
+            w.bytes(path);
+            w.bool(*follow);
+        }
+        At::Node(n) => {
+            w.u8(1);
+            put_node(w, n);
+        }
+    }
+}
+
+fn get_at<'a>(r: &mut Reader<'a>) -> Result<At<'a>, Errno> {
+    match r.u8()? {
+        0 => Ok(At::Path {
+            path: r.bytes(STRING_MAX)?,
+            follow: r.bool()?,
+        }),
+        1 => Ok(At::Node(get_node(r)?)),
+        _ => Err(Errno::EPROTO),
+    }
+}
+
 impl<'a> Request<'a> {
     /// Encodes the request into `out` (replacing what it held) and returns
     /// its length. Fails with `ENAMETOOLONG` for an oversized path.
@@ -775,6 +1048,9 @@ impl<'a> Request<'a> {
             Request::Unlink { path, .. }
             | Request::SetAttr { path, .. }
             | Request::Open { path, .. } => [path, b""],
+            Request::Stat { at } | Request::ReadLink { at } => [at.path(), b""],
+            Request::Lookup { name, .. } => [name, b""],
+            Request::ReadDir { dir, after } => [dir.path(), after.map_or(&b""[..], |a| a.1)],
             _ => [b"", b""],
         };
         if strings.iter().any(|s| s.len() > STRING_MAX) {
@@ -886,6 +1162,33 @@ impl<'a> Request<'a> {
                 op::UNPOOL
             }
             Request::Statfs => op::STATFS,
+            Request::Stat { at } => {
+                put_at(&mut w, at);
+                op::STAT
+            }
+            Request::Lookup { dir, name } => {
+                put_node(&mut w, dir);
+                w.bytes(name);
+                op::LOOKUP
+            }
+            Request::ReadDir { dir, after } => {
+                put_at(&mut w, dir);
+                w.bool(after.is_some());
+                let (hash, name) = after.unwrap_or((0, b""));
+                w.u64(hash);
+                w.bytes(name);
+                op::READDIR
+            }
+            Request::ReadLink { at } => {
+                put_at(&mut w, at);
+                op::READLINK
+            }
+            Request::Read { ino, offset, len } => {
+                w.u64(ino.get());
+                w.u64(*offset);
+                w.u32(*len);
+                op::READ
+            }
         };
         let len = out.len();
         // Strings are at most `STRING_MAX` bytes and commits at most
@@ -985,6 +1288,36 @@ impl<'a> Request<'a> {
                 pages: r.u32()?,
             },
             op::STATFS => Request::Statfs,
+            op::STAT => Request::Stat {
+                at: get_at(&mut r)?,
+            },
+            op::LOOKUP => Request::Lookup {
+                dir: get_node(&mut r)?,
+                name: r.bytes(STRING_MAX)?,
+            },
+            op::READDIR => {
+                let dir = get_at(&mut r)?;
+                let some = r.bool()?;
+                let hash = r.u64()?;
+                let name = r.bytes(STRING_MAX)?;
+                // No listing resumes after nothing: an absent key is
+                // written as zeros.
+                if !some && (hash != 0 || !name.is_empty()) {
+                    return Err(Errno::EPROTO);
+                }
+                Request::ReadDir {
+                    dir,
+                    after: some.then_some((hash, name)),
+                }
+            }
+            op::READLINK => Request::ReadLink {
+                at: get_at(&mut r)?,
+            },
+            op::READ => Request::Read {
+                ino: Ino::new(r.u64()?),
+                offset: r.u64()?,
+                len: r.u32()?,
+            },
             _ => return Err(Errno::EPROTO),
         };
         if !r.done() {
@@ -1000,9 +1333,13 @@ impl<'a> Request<'a> {
             Request::Open { .. } => ReplyKind::Open,
             Request::Grant { .. } => ReplyKind::Grant,
             Request::Statfs => ReplyKind::Statfs,
-            Request::Commit { .. } | Request::Truncate { .. } | Request::Write { .. } => {
-                ReplyKind::Size
-            }
+            Request::Commit { .. }
+            | Request::Truncate { .. }
+            | Request::Write { .. }
+            | Request::ReadLink { .. }
+            | Request::Read { .. } => ReplyKind::Size,
+            Request::Stat { .. } | Request::Lookup { .. } => ReplyKind::Attr,
+            Request::ReadDir { .. } => ReplyKind::Listing,
             Request::Unlink { .. }
             | Request::Rename { .. }
             | Request::SetAttr { .. }
@@ -1032,6 +1369,11 @@ impl<'a> Request<'a> {
             Request::Commit { .. } => RequestKind::Commit,
             Request::Truncate { .. } => RequestKind::Truncate,
             Request::Unpool { .. } => RequestKind::Unpool,
+            Request::Stat { .. } => RequestKind::Stat,
+            Request::Lookup { .. } => RequestKind::Lookup,
+            Request::ReadDir { .. } => RequestKind::ReadDir,
+            Request::ReadLink { .. } => RequestKind::ReadLink,
+            Request::Read { .. } => RequestKind::Read,
             Request::Write { .. } => RequestKind::Write,
             Request::Statfs => RequestKind::Statfs,
         }
@@ -1075,13 +1417,23 @@ pub enum RequestKind {
     Write,
     #[allow(missing_docs)]
     Statfs,
+    #[allow(missing_docs)]
+    Stat,
+    #[allow(missing_docs)]
+    Lookup,
+    #[allow(missing_docs)]
+    ReadDir,
+    #[allow(missing_docs)]
+    ReadLink,
+    #[allow(missing_docs)]
+    Read,
     /// A request that failed to decode.
     Malformed,
 }
 
 impl RequestKind {
     /// Every kind, in display order.
-    pub const ALL: [RequestKind; 18] = [
+    pub const ALL: [RequestKind; 23] = [
         RequestKind::Create,
         RequestKind::Mkdir,
         RequestKind::Symlink,
@@ -1099,6 +1451,11 @@ impl RequestKind {
         RequestKind::Unpool,
         RequestKind::Write,
         RequestKind::Statfs,
+        RequestKind::Stat,
+        RequestKind::Lookup,
+        RequestKind::ReadDir,
+        RequestKind::ReadLink,
+        RequestKind::Read,
         RequestKind::Malformed,
     ];
 }
@@ -1153,7 +1510,7 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..14u8, flip in any::<prop::sample::Index>(),
+            which in 0..20u8, flip in any::<prop::sample::Index>(),
             x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
             let req = match which {
@@ -1199,7 +1556,16 @@ mod tests {
                     offset: y,
                     len: mode,
                 },
-                12 => Request::Statfs,
+                12 => Request::Stat { at: At::Path { path: &a, follow: mode & 1 == 1 } },
+                13 => Request::Stat { at: At::Node(Node { ino: Ino::new(x), inode: InodeOff::new(y), gen: mode }) },
+                14 => Request::Lookup { dir: Node { ino: Ino::new(x), inode: InodeOff::new(y), gen: mode }, name: &b },
+                15 => Request::ReadDir {
+                    dir: if x & 1 == 0 { At::Path { path: &a, follow: true } } else { At::Node(Node::default()) },
+                    after: (y & 1 == 1).then_some((x, &b[..])),
+                },
+                16 => Request::ReadLink { at: At::Path { path: &a, follow: false } },
+                17 => Request::Read { ino: Ino::new(x), offset: y, len: mode },
+                18 => Request::Statfs,
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();
@@ -1262,6 +1628,29 @@ mod tests {
             })
     }
 
+    fn attr() -> impl Strategy<Value = InodeAttr> {
+        (
+            node(),
+            proptest::array::uniform4(any::<u32>()),
+            proptest::array::uniform6(any::<u64>()),
+        )
+            .prop_map(|(n, [mode, nlink, uid, gid], w)| InodeAttr {
+                offset: n.inode,
+                gen: n.gen,
+                ino: n.ino,
+                mode,
+                nlink,
+                uid,
+                gid,
+                size: w[0],
+                atime: w[1].cast_signed(),
+                mtime: w[2].cast_signed(),
+                ctime: w[3].cast_signed(),
+                btime: w[4].cast_signed(),
+                entries: w[5],
+            })
+    }
+
     fn reply() -> impl Strategy<Value = Reply> {
         prop_oneof![
             Just(Reply::Done),
@@ -1270,6 +1659,14 @@ mod tests {
             grant().prop_map(Reply::Grant),
             any::<u64>().prop_map(Reply::Size),
             statfs().prop_map(Reply::Statfs),
+            attr().prop_map(Reply::Attr),
+            (any::<u32>(), any::<u32>(), any::<bool>()).prop_map(|(entries, bytes, more)| {
+                Reply::Listing {
+                    entries,
+                    bytes,
+                    more,
+                }
+            }),
         ]
     }
 
@@ -1296,13 +1693,15 @@ mod tests {
             })
     }
 
-    const KINDS: [ReplyKind; 6] = [
+    const KINDS: [ReplyKind; 8] = [
         ReplyKind::Done,
         ReplyKind::Node,
         ReplyKind::Open,
         ReplyKind::Grant,
         ReplyKind::Size,
         ReplyKind::Statfs,
+        ReplyKind::Attr,
+        ReplyKind::Listing,
     ];
 
     proptest! {
@@ -1338,10 +1737,9 @@ mod tests {
         }
 
         #[test]
-        fn garbage_replies_never_panic(b in proptest::array::uniform32(any::<u8>()), rest in proptest::array::uniform24(any::<u8>())) {
+        fn garbage_replies_never_panic(bytes in proptest::collection::vec(any::<u8>(), REPLY_SIZE)) {
             let mut buf = [0u8; REPLY_SIZE];
-            buf[..32].copy_from_slice(&b);
-            buf[32..].copy_from_slice(&rest);
+            buf.copy_from_slice(&bytes);
             for k in KINDS {
                 if let Ok(r) = Reply::decode(&buf, k) {
                     // Only what `encode` writes decodes.
@@ -1363,7 +1761,7 @@ mod tests {
                 "{e}"
             );
         }
-        for tag in [0, 7, 0x7f, 0xfe] {
+        for tag in [0, 9, 0x7f, 0xfe] {
             let mut b = [0u8; REPLY_SIZE];
             b[R_TAG] = tag;
             for k in KINDS {
@@ -1374,6 +1772,14 @@ mod tests {
         for k in KINDS {
             assert_eq!(Reply::decode(&[0; REPLY_SIZE], k), Err(Errno::EPROTO));
         }
+        // A listing's `more` is 0 or 1.
+        let mut b = Reply::encode(&Ok(Reply::Listing {
+            entries: 1,
+            bytes: 40,
+            more: true,
+        }));
+        b[R_CREATED] = 2;
+        assert_eq!(Reply::decode(&b, ReplyKind::Listing), Err(Errno::EPROTO));
         // An open's `created` is 0 or 1.
         let mut b = Reply::encode(&Ok(Reply::Open {
             node: Node::default(),
@@ -1507,6 +1913,102 @@ mod tests {
         let mut b = Reply::encode(&Ok(Reply::Statfs(s)));
         b[2] = 1;
         assert_eq!(Reply::decode(&b, ReplyKind::Statfs), Err(Errno::EPROTO));
+    }
+
+    #[test]
+    fn reading_requests_expect_their_replies() {
+        let n = Node {
+            ino: Ino::new(2),
+            inode: InodeOff::new(64),
+            gen: 3,
+        };
+        let at = At::Node(n);
+        assert_eq!(Request::Stat { at }.reply_kind(), ReplyKind::Attr);
+        assert_eq!(
+            Request::Lookup { dir: n, name: b"x" }.reply_kind(),
+            ReplyKind::Attr
+        );
+        assert_eq!(
+            Request::ReadDir {
+                dir: at,
+                after: None
+            }
+            .reply_kind(),
+            ReplyKind::Listing
+        );
+        assert_eq!(Request::ReadLink { at }.reply_kind(), ReplyKind::Size);
+        assert_eq!(
+            Request::Read {
+                ino: n.ino,
+                offset: 0,
+                len: 1
+            }
+            .reply_kind(),
+            ReplyKind::Size
+        );
+        assert_eq!(Reply::Done.into_attr(), Err(Errno::EPROTO));
+    }
+
+    #[test]
+    fn a_read_dir_that_starts_from_nothing_names_no_key() {
+        // Encoded by hand: no key, yet a hash after it.
+        let mut req = Vec::new();
+        Request::ReadDir {
+            dir: At::Path {
+                path: b"d",
+                follow: true,
+            },
+            after: None,
+        }
+        .encode(&mut req)
+        .unwrap();
+        assert!(Request::decode(&req).is_ok());
+        // The hash sits after the path (tag, length, byte, follow) and
+        // the `after` flag; the checksum is recomputed so that only the
+        // field is wrong.
+        let at = HEADER + 1 + 4 + 1 + 4 + 4;
+        req[at] = 1;
+        let crc =
+            crate::checksum::crc32c_append(crate::checksum::crc32c(&req[..8]), &req[HEADER..]);
+        req[8..12].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Request::decode(&req), Err(Errno::EPROTO));
+    }
+
+    proptest! {
+        #[test]
+        fn listings_round_trip_and_garbage_is_refused(
+            names in proptest::collection::vec(proptest::collection::vec(1..=255u8, 1..=NAME_MAX), 0..8),
+            hash: u64, ino: u64, cut in any::<prop::sample::Index>(),
+        ) {
+            let mut buf = Vec::new();
+            let listed: Vec<Listed<'_>> = names.iter().map(|n| Listed {
+                hash,
+                ino: Ino::new(ino),
+                inode: InodeOff::new(ino ^ hash),
+                kind: Kind::Dir,
+                name: n,
+            }).collect();
+            for l in &listed {
+                l.encode(&mut buf).unwrap();
+            }
+            prop_assert_eq!(buf.len(), listed.iter().map(Listed::encoded_len).sum::<usize>());
+            let count = u32::try_from(listed.len()).unwrap();
+            prop_assert_eq!(Listed::decode_all(&buf, count), Ok(listed.clone()));
+            // Cut short, or a record more than there is, or an unknown kind.
+            if !buf.is_empty() {
+                let at = cut.index(buf.len());
+                prop_assert_eq!(Listed::decode_all(&buf[..at], count), Err(Errno::EPROTO));
+                let mut bad = buf.clone();
+                bad[24] = 9;
+                prop_assert_eq!(Listed::decode_all(&bad, count), Err(Errno::EPROTO));
+            }
+            prop_assert_eq!(Listed::decode_all(&buf, count + 1), Err(Errno::EPROTO));
+        }
+
+        #[test]
+        fn garbage_listings_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..600), count in 0..20u32) {
+            let _ = Listed::decode_all(&buf, count);
+        }
     }
 
     #[test]

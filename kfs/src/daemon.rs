@@ -6,10 +6,13 @@
 //! (`SO_PEERCRED`, and its supplementary groups, `SO_PEERGROUPS`: a peer
 //! in more than [`GROUPS_MAX`] is refused with `E2BIG`), and hands it
 //! ([`Welcome`]) the segment and the doorbell and its staging area (where
-//! it leaves the data of its writes, which Kfs copies into the image), and
-//! the index and the image opened read-only: nothing the client maps of
-//! those can be made writable. The connection then stays open; when it
-//! closes (the client closed the file system, or died) Kfs
+//! it leaves the data of its writes, which Kfs copies into the image),
+//! and, to a trusted client only ([`Trust`]), the index and the image
+//! opened read-only: nothing the client maps of those can be made
+//! writable. Any other client is isolated: it maps nothing of the file
+//! system, and reads through requests Kfs checks against its credentials
+//! (ARCHITECTURE.md §2, "daemon mode + threat model"). The connection then stays
+//! open; when it closes (the client closed the file system, or died) Kfs
 //! forgets the client: its leases, pool pages, open files and reader
 //! epochs.
 
@@ -21,7 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kucofs_common::access::GROUPS_MAX;
-use kucofs_common::attach::{recv_with_fds, send_with_fds, Hello, Welcome, HELLO_SIZE};
+use kucofs_common::attach::{
+    recv_with_fds, send_with_fds, Hello, Welcome, HELLO_SIZE, ISOLATED_FDS,
+};
 use kucofs_common::channel::{Doorbell, Segment, SLOTS};
 use kucofs_common::pm::{Protection, Shm};
 use kucofs_common::proto::{Creds, PROTO_VERSION, STAGE_BYTES};
@@ -36,8 +41,32 @@ const HELLO_WAIT: Duration = Duration::from_secs(2);
 /// How often the accepting loop looks at the stop flag while idle.
 const STOP_POLL: Duration = Duration::from_millis(20);
 
+/// Which clients the daemon trusts with read-only mappings of the whole
+/// index and image, through which they can read every file's data and
+/// every directory's names whatever the permissions: root (who may read
+/// everything anyway), the daemon's own user (who can open the image
+/// itself), and, only if asked for, the members of one group. Every
+/// other client is isolated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trust {
+    /// A group whose members are trusted too (`kucofs serve
+    /// --trusted-group`). This weakens isolation: each member can read
+    /// every file in the image through its mappings.
+    pub group: Option<u32>,
+}
+
+impl Trust {
+    /// Whether a client with `creds` gets the mappings.
+    pub fn trusts(&self, creds: &Creds) -> bool {
+        creds.is_root()
+            || creds.uid == rustix::process::geteuid().as_raw()
+            || self.group.is_some_and(|g| creds.in_group(g))
+    }
+}
+
 /// What the daemon hands every client: descriptors it duplicates for each.
 struct Handout {
+    trust: Trust,
     doorbell: Doorbell,
     index: OwnedFd,
     index_reserve: u64,
@@ -52,6 +81,7 @@ pub fn serve(
     image: &Path,
     socket: &Path,
     config: ServerConfig,
+    trust: Trust,
     stop: &AtomicBool,
     ready: impl FnOnce(),
 ) -> Result<()> {
@@ -65,6 +95,7 @@ pub fn serve(
     let listener = bind(socket)?;
     let kfs = Kfs::start(volume, &doorbell, config)?;
     let handout = Handout {
+        trust,
         doorbell,
         index,
         index_reserve,
@@ -145,6 +176,7 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
             version: PROTO_VERSION,
             result: Err(e),
             index_reserve: 0,
+            trusted: false,
         };
         let _ = send_with_fds(&stream, &w.encode(), &[]);
         std::io::Error::from(e)
@@ -167,6 +199,7 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
         );
         refuse(e)
     })?;
+    let trusted = handout.trust.trusts(&creds);
     let segment = Segment::create().map_err(|_| refuse(Errno::ENOMEM))?;
     let kfs_side = segment.map_again().map_err(|_| refuse(Errno::ENOMEM))?;
     // Where the client leaves the data of its writes, a part per slot;
@@ -174,6 +207,9 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
     let stage_len = STAGE_BYTES * SLOTS as u64;
     let staging =
         Shm::create("kucofs-staging", stage_len, stage_len).map_err(|_| refuse(Errno::ENOMEM))?;
+    // The client holds it read-write: it must not be able to truncate it
+    // under Kfs's mapping.
+    staging.seal_size().map_err(|_| refuse(Errno::ENOMEM))?;
     let id = kfs
         .attach(Client {
             segment: kfs_side,
@@ -188,16 +224,24 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
     let w = Welcome {
         version: PROTO_VERSION,
         result: Ok(id),
-        index_reserve: handout.index_reserve,
+        index_reserve: if trusted { handout.index_reserve } else { 0 },
+        trusted,
     };
-    let fds = [
+    let all = [
         segment.fd(),
         handout.doorbell.fd(),
+        staging.fd(),
         handout.index.as_fd(),
         handout.region.as_fd(),
-        staging.fd(),
     ];
-    if let Err(e) = send_with_fds(&stream, &w.encode(), &fds) {
+    // An isolated client gets its own segment, the doorbell and its
+    // staging area, and nothing of the file system.
+    let fds = if trusted {
+        &all[..]
+    } else {
+        &all[..ISOLATED_FDS]
+    };
+    if let Err(e) = send_with_fds(&stream, &w.encode(), fds) {
         kfs.detach(id);
         return Err(e);
     }

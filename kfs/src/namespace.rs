@@ -645,7 +645,12 @@ impl Namespace {
             | Request::Truncate { .. }
             | Request::Unpool { .. }
             | Request::Write { .. }
-            | Request::Statfs => Err(Errno::EINVAL),
+            | Request::Statfs
+            | Request::Stat { .. }
+            | Request::Lookup { .. }
+            | Request::ReadDir { .. }
+            | Request::ReadLink { .. }
+            | Request::Read { .. } => Err(Errno::EINVAL),
         }
     }
 

@@ -40,6 +40,7 @@ use crate::{Error, Result};
 
 mod commit;
 mod grants;
+mod inspect;
 mod leases;
 mod protection;
 mod retire;
@@ -379,6 +380,10 @@ pub(crate) struct ClientData {
     protection: Protection,
     /// Open files: ino -> (opens, write opens).
     opens: IntMap<Ino, (u32, u32)>,
+    /// Open files its credentials allowed it to read when it opened them
+    /// (what [`Request::Read`](kucofs_common::proto::Request::Read)
+    /// serves), until their last close.
+    readable: IntMap<Ino, ()>,
     /// Committed pages still writable, per slot (batched protection).
     pending: IntMap<u32, Pending>,
     /// Its staging area, where a client that cannot write into the image
@@ -489,6 +494,11 @@ impl Volume {
             Request::Write { ino, offset, len } => self.write_staged(ino, offset, len, caller),
             Request::Unpool { slot, start, pages } => self.unpool(slot, start, pages, caller),
             Request::Statfs => Ok(Reply::Statfs(self.statfs())),
+            Request::Stat { at } => self.stat(at, caller),
+            Request::Lookup { dir, name } => self.lookup(dir, name, caller),
+            Request::ReadDir { dir, after } => self.read_dir(dir, after, caller),
+            Request::ReadLink { at } => self.read_link(at, caller),
+            Request::Read { ino, offset, len } => self.read_staged(ino, offset, len, caller),
             _ => return None,
         })
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kucofs_common::index::layout::TAG_INODE;
-use kucofs_common::index::{DirEntryInfo, InodeOff};
+use kucofs_common::index::{DirEntryInfo, Ino, InodeOff};
 
 use crate::fs::Inner;
 use crate::metadata::{FileType, Metadata};
@@ -26,6 +26,9 @@ pub struct ReadDir {
     pub(crate) path: PathBuf,
     pub(crate) dir: u64,
     pub(crate) gen: u32,
+    /// The directory's inode number (what an isolated client names it by
+    /// with its offset and generation).
+    pub(crate) ino: Ino,
     pub(crate) after: Option<(u64, Vec<u8>)>,
     pub(crate) buf: VecDeque<DirEntryInfo>,
     pub(crate) done: bool,
@@ -35,6 +38,15 @@ impl Iterator for ReadDir {
     type Item = io::Result<DirEntry>;
 
     fn next(&mut self) -> Option<io::Result<DirEntry>> {
+        if self.buf.is_empty() && !self.done && self.fs.isolated() {
+            match self.next_isolated() {
+                Ok(more) => self.done = !more,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
         if self.buf.is_empty() && !self.done {
             let mut batch = Vec::new();
             let (dir, gen) = (self.dir, self.gen);
@@ -102,6 +114,13 @@ impl DirEntry {
     }
     /// Metadata of what the entry names (not following a symlink).
     pub fn metadata(&self) -> io::Result<Metadata> {
+        if self.fs.isolated() {
+            let at = kucofs_common::proto::At::Path {
+                path: crate::fs::bytes(&self.path),
+                follow: false,
+            };
+            return self.fs.stat_of(at).map(Metadata);
+        }
         let inode = self.info.inode;
         self.fs
             .with_index(|r| r.attr(inode))?

@@ -23,7 +23,7 @@ use kucofs_common::index::blockmap::{
 };
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::{PoolWriter, Words};
-use kucofs_common::proto::{open, Extents, Request, COMMIT_PAGES_MAX, STAGE_BYTES};
+use kucofs_common::proto::{open, At, Extents, Node, Request, COMMIT_PAGES_MAX, STAGE_BYTES};
 use kucofs_common::Errno;
 
 use crate::fs::{bytes, common_err, err, Fs, Inner};
@@ -136,14 +136,18 @@ impl OpenOptions {
             .into_open()
             .map_err(err)?;
         let inner = fs.inner().clone();
-        let kind = inner
-            .with_index(|r| r.kind(node.inode))?
-            .ok_or_else(|| err(Errno::EIO))?;
+        let kind = if inner.isolated() {
+            inner.stat_of(At::Node(node))?.kind()
+        } else {
+            inner.with_index(|r| r.kind(node.inode))?
+        }
+        .ok_or_else(|| err(Errno::EIO))?;
         let lock = inner.range_lock(node.ino);
         let file = File {
             fs: inner,
             ino: node.ino,
             inode: node.inode,
+            gen: node.gen,
             kind,
             read: self.read,
             write,
@@ -174,6 +178,9 @@ pub struct File {
     fs: Arc<Inner>,
     ino: Ino,
     inode: InodeOff,
+    /// The inode's generation (with `ino` and `inode`, how an isolated
+    /// client names the file to Kfs).
+    gen: u32,
     kind: Kind,
     read: bool,
     write: bool,
@@ -273,7 +280,7 @@ const _: () = assert!(PAGE_LEN as u64 == PAGE);
 // writes convert several times per chunk.
 #[allow(clippy::cast_possible_truncation)]
 #[inline(always)]
-fn to_len(n: u64) -> usize {
+pub(crate) fn to_len(n: u64) -> usize {
     n as usize
 }
 
@@ -311,16 +318,32 @@ impl File {
     /// directory opened as a `File` is not pinned; this word of its inode
     /// is only read for `seek(SeekFrom::End)`, where a removed directory's
     /// stale size is as good an answer as any.)
-    fn size(&self) -> u64 {
+    fn size(&self) -> io::Result<u64> {
+        if self.fs.isolated() {
+            return Ok(self.fs.stat_of(At::Node(self.node()))?.size);
+        }
         // Acquire: pairs with Kfs's Release store of the size, made after
         // the entries under it.
-        self.fs
-            .index()
-            .load_u64(self.inode.size(), Ordering::Acquire)
+        Ok(self
+            .fs
+            .index()?
+            .load_u64(self.inode.size(), Ordering::Acquire))
+    }
+
+    /// The file as Kfs names it.
+    fn node(&self) -> Node {
+        Node {
+            ino: self.ino,
+            inode: self.inode,
+            gen: self.gen,
+        }
     }
 
     /// The file's metadata.
     pub fn metadata(&self) -> io::Result<Metadata> {
+        if self.fs.isolated() {
+            return self.fs.stat_of(At::Node(self.node())).map(Metadata);
+        }
         self.fs
             .with_index(|r| r.attr(self.inode))?
             .map(Metadata)
@@ -336,6 +359,9 @@ impl File {
         if self.kind == Kind::Dir {
             return Err(err(Errno::EISDIR));
         }
+        if self.fs.isolated() {
+            return self.fs.read_file(self.ino, buf, offset);
+        }
         // Room for the entries of one chunk: an unaligned read touches one
         // page more than its length fills. Most reads are a few pages: no
         // allocation (nor a large clear) for those.
@@ -348,7 +374,7 @@ impl File {
     /// [`File::read_at`], with room for `entries.len()` map entries at a
     /// time.
     fn read_into(&self, entries: &mut [u64], buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let region = &self.fs.region;
+        let region = self.fs.region()?;
         self.fs.with_index(|r| {
             let mem = r.mem();
             let mut done = 0usize;
@@ -469,10 +495,10 @@ impl File {
     /// file system filled up part-way, as [`File::write_at`]).
     fn append(&self, buf: &[u8]) -> io::Result<(u64, usize)> {
         loop {
-            let size = self.size();
+            let size = self.size()?;
             let _g = self.lock.lock(size / PAGE * PAGE, u64::MAX);
             // Another thread of this process may have appended meanwhile.
-            if self.size() != size {
+            if self.size()? != size {
                 continue;
             }
             size.checked_add(buf.len() as u64)
@@ -599,7 +625,7 @@ impl File {
     /// page the old bytes of the file, zeros in a hole and past the end.
     /// Only those two pages read the map.
     fn fill_pages(&self, extents: &Extents, first: u64, at: u64, data: &[u8]) -> io::Result<()> {
-        let region = &self.fs.region;
+        let region = self.fs.region()?;
         // One writer (under protection keys, one window) for the whole
         // chunk's copies.
         let pool = region.pool_writer();
@@ -649,7 +675,7 @@ impl File {
         let e = MapReader::of_inode(mem, self.inode).entry(fp);
         if old > 0 && e != 0 {
             self.fs
-                .region
+                .region()?
                 .read(entry_page(e).get() * PAGE, &mut page[..old])
                 .map_err(common_err)?;
         } else {
@@ -666,7 +692,7 @@ impl File {
     /// never dereferences it, and a store through it must fault.
     #[doc(hidden)]
     pub fn debug_page_address(&self, offset: u64) -> io::Result<Option<usize>> {
-        self.page_address(self.fs.region.address(), offset)
+        self.page_address(self.fs.region()?.address(), offset)
     }
 
     /// [`File::debug_page_address`] in the mapping this process's writes
@@ -675,7 +701,7 @@ impl File {
     /// window.
     #[doc(hidden)]
     pub fn debug_window_address(&self, offset: u64) -> io::Result<Option<usize>> {
-        self.page_address(self.fs.region.window_address(), offset)
+        self.page_address(self.fs.region()?.window_address(), offset)
     }
 
     /// The address of the page holding file byte `offset` in a mapping of
@@ -695,7 +721,7 @@ impl File {
         if size > MAX_FILE_SIZE {
             return Err(err(Errno::EFBIG));
         }
-        let old = self.size();
+        let old = self.size()?;
         let _g = self.lock.lock(size.min(old) / PAGE * PAGE, u64::MAX);
         self.fs.call_here(&Request::Truncate {
             ino: self.ino,
@@ -743,7 +769,7 @@ impl File {
         let (base, by) = match to {
             SeekFrom::Start(n) => (n, 0),
             SeekFrom::Current(d) => (*pos, d),
-            SeekFrom::End(d) => (self.size(), d),
+            SeekFrom::End(d) => (self.size()?, d),
         };
         *pos = base
             .checked_add_signed(by)
@@ -845,7 +871,7 @@ impl Fs {
     /// Reads a whole file (as `std::fs::read`).
     pub fn read(&self, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
         let f = File::open(self, path)?;
-        let size = usize::try_from(f.size()).map_err(|_| err(Errno::EFBIG))?;
+        let size = usize::try_from(f.size()?).map_err(|_| err(Errno::EFBIG))?;
         let mut out = vec![0u8; size];
         let n = f.read_at(&mut out, 0)?;
         out.truncate(n);

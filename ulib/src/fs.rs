@@ -1,6 +1,7 @@
 //! The `Fs` handle: the connection to Kfs (see [`crate::connection`]), the
-//! read-only views of index and region, and one request slot per thread
-//! that uses the handle.
+//! read-only views of index and region (none for an isolated daemon
+//! client, which reads through requests, see [`crate::isolated`]), and one
+//! request slot per thread that uses the handle.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -16,7 +17,7 @@ use kucofs_common::format::PageNo;
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Ino, Kind};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
-use kucofs_common::proto::{Extents, Hint, Reply, Request, SetAttrs, TimesNow};
+use kucofs_common::proto::{At, Extents, Hint, Reply, Request, SetAttrs, TimesNow};
 use kucofs_common::Errno;
 #[cfg(feature = "embedded")]
 use kucofs_kfs::{ServerConfig, StatsSnapshot};
@@ -101,8 +102,10 @@ static NEXT_FS_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug)]
 pub(crate) struct Inner {
     id: u64,
-    index: ShmView,
-    pub(crate) region: RegionView,
+    /// The index, read-only; `None` for an isolated client.
+    index: Option<ShmView>,
+    /// The region, read-only; `None` for an isolated client.
+    region: Option<RegionView>,
     /// Each slot's page pool: runs of unused pages `(first, end)`, taken
     /// from the last.
     pools: Vec<Mutex<Vec<(u64, u64)>>>,
@@ -157,20 +160,33 @@ impl Inner {
         })
     }
 
+    /// True for a daemon's isolated client: no index or region mapped,
+    /// every read a request (see [`crate::isolated`]).
+    pub(crate) fn isolated(&self) -> bool {
+        self.index.is_none()
+    }
+
     /// The read-only index, for loads that need no reader epoch (words of
-    /// an inode Kfs keeps alive).
-    pub(crate) fn index(&self) -> &ShmView {
-        &self.index
+    /// an inode Kfs keeps alive); `EOPNOTSUPP` for an isolated client.
+    pub(crate) fn index(&self) -> io::Result<&ShmView> {
+        self.index.as_ref().ok_or_else(|| err(Errno::EOPNOTSUPP))
+    }
+
+    /// The read-only region; `EOPNOTSUPP` for an isolated client.
+    pub(crate) fn region(&self) -> io::Result<&RegionView> {
+        self.region.as_ref().ok_or_else(|| err(Errno::EOPNOTSUPP))
     }
 
     /// Runs `f` on the index inside a reader epoch, so that nothing it
-    /// reaches is reused before it returns.
+    /// reaches is reused before it returns; `EOPNOTSUPP` for an isolated
+    /// client.
     pub(crate) fn with_index<R>(
         self: &Arc<Self>,
         f: impl FnOnce(IndexReader<'_, ShmView>) -> R,
     ) -> io::Result<R> {
+        let index = self.index()?;
         let slot = self.slot()?;
-        let r = IndexReader::new(&self.index);
+        let r = IndexReader::new(index);
         self.conn.pin(slot, || r.epoch());
         let out = f(r);
         self.conn.unpin(slot);
@@ -201,7 +217,8 @@ impl Inner {
         pages: u64,
         fill: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<Reply> {
-        self.conn.commit_after(slot, req, pages, &self.region, fill)
+        self.conn
+            .commit_after(slot, req, pages, self.region()?, fill)
     }
 
     /// Sends `req` from this thread's slot.
@@ -273,9 +290,8 @@ impl Inner {
         // for it while this write goes on. Pool pages recycled after random
         // overwrites lie scattered, and a walk on the first store of the
         // copy into one stalls that copy.
-        if let Some(&(next, _)) = pool.last() {
-            self.region
-                .prefetch_for_write(next * kucofs_common::format::PAGE_SIZE);
+        if let (Some(&(next, _)), Some(region)) = (pool.last(), &self.region) {
+            region.prefetch_for_write(next * kucofs_common::format::PAGE_SIZE);
         }
         Ok(out)
     }
@@ -397,11 +413,16 @@ impl Fs {
 
     /// Attaches to the Kfs daemon (`kucofs serve IMAGE --socket PATH`)
     /// listening on `socket`: this process becomes one of its clients,
-    /// reading the index and file data through read-only mappings it
-    /// hands over, and sending every change to it. Needs no `embedded`
-    /// feature. The daemon hands the image over read-only: file data this
-    /// process writes goes through a staging area, from which Kfs copies
-    /// it into the file, a chunk of up to 512 KiB at a time.
+    /// sending every change to it. Needs no `embedded` feature. A client
+    /// the daemon trusts (root, the daemon's own user, a member of its
+    /// `--trusted-group`) reads the index and file data through read-only
+    /// mappings it hands over; any other is isolated, maps nothing of the
+    /// file system, and reads attributes, directories, symlinks and file
+    /// data through requests the daemon checks against its credentials
+    /// (ARCHITECTURE.md §2). Either way the daemon hands the image over
+    /// read-only at most: file data this process writes goes through a
+    /// staging area, from which Kfs copies it into the file, a chunk of up
+    /// to 512 KiB at a time.
     pub fn connect(socket: impl AsRef<Path>) -> io::Result<Fs> {
         Fs::connect_with(socket, Config::default())
     }
@@ -446,18 +467,28 @@ impl Fs {
             )
         })?;
         stream.set_read_timeout(None)?;
-        let Ok::<[std::os::fd::OwnedFd; WELCOME_FDS], _>(
-            [segment, doorbell, index, region, staging],
-        ) = fds.try_into()
-        else {
-            return Err(err(Errno::EPROTO));
+        let want = if welcome.trusted {
+            WELCOME_FDS
+        } else {
+            attach::ISOLATED_FDS
         };
+        if fds.len() != want {
+            return Err(err(Errno::EPROTO));
+        }
+        let mut fds = fds.into_iter();
+        let mut next = || fds.next().ok_or_else(|| err(Errno::EPROTO));
+        let (segment, doorbell, staging) = (next()?, next()?, next()?);
         let segment = kucofs_common::channel::Segment::from_fd(segment).map_err(common_err)?;
         let doorbell = kucofs_common::channel::Doorbell::from_fd(doorbell).map_err(common_err)?;
-        let index =
-            ShmView::from_fd(index, "kucofs-index", welcome.index_reserve).map_err(common_err)?;
-        let region =
-            RegionView::from_file(std::fs::File::from(region), path).map_err(common_err)?;
+        let (index, region) = if welcome.trusted {
+            let index = ShmView::from_fd(next()?, "kucofs-index", welcome.index_reserve)
+                .map_err(common_err)?;
+            let region =
+                RegionView::from_file(std::fs::File::from(next()?), path).map_err(common_err)?;
+            (Some(index), Some(region))
+        } else {
+            (None, None)
+        };
         let creds = kucofs_common::proto::Creds::current();
         let staging =
             kucofs_common::pm::Shm::from_fd(staging, "kucofs-staging").map_err(common_err)?;
@@ -468,6 +499,8 @@ impl Fs {
         let mut config = config;
         config.direct = false;
         config.protection = Protection::Off;
+        // Hints are found in the index, which an isolated client lacks.
+        config.collaborative &= welcome.trusted;
         Ok(Fs::connected(conn, index, region, config))
     }
 
@@ -533,12 +566,18 @@ impl Fs {
             config.protection,
             config.direct,
         )?;
-        Ok(Fs::connected(conn, index, region, config))
+        Ok(Fs::connected(conn, Some(index), Some(region), config))
     }
 
     /// A handle on the file system `conn` reaches, whose index and region
-    /// this process reads through `index` and `region`.
-    fn connected(conn: Connection, index: ShmView, region: RegionView, config: Config) -> Fs {
+    /// this process reads through `index` and `region` (or, with neither,
+    /// through requests).
+    fn connected(
+        conn: Connection,
+        index: Option<ShmView>,
+        region: Option<RegionView>,
+        config: Config,
+    ) -> Fs {
         Fs {
             inner: Arc::new(Inner {
                 id: NEXT_FS_ID.fetch_add(1, Ordering::Relaxed),
@@ -812,6 +851,17 @@ impl Fs {
     /// The target of a symbolic link.
     pub fn read_link(&self, path: impl AsRef<Path>) -> io::Result<PathBuf> {
         let p = bytes(path.as_ref());
+        if self.inner.isolated() {
+            let at = At::Path {
+                path: p,
+                follow: false,
+            };
+            return Ok(PathBuf::from(
+                <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(
+                    self.inner.read_link_of(at)?,
+                ),
+            ));
+        }
         let target = self.inner.with_index(|r| {
             let inode = r.resolve(p, false)?;
             r.readlink(inode).ok_or(Errno::EINVAL)
@@ -824,6 +874,12 @@ impl Fs {
 
     fn stat(&self, path: &Path, follow: bool) -> io::Result<Metadata> {
         let p = bytes(path);
+        if self.inner.isolated() {
+            return self
+                .inner
+                .stat_of(At::Path { path: p, follow })
+                .map(Metadata);
+        }
         self.inner
             .with_index(|r| {
                 r.resolve(p, follow)
@@ -852,6 +908,9 @@ impl Fs {
     pub fn read_dir(&self, path: impl AsRef<Path>) -> io::Result<ReadDir> {
         let path = path.as_ref();
         let p = bytes(path);
+        if self.inner.isolated() {
+            return ReadDir::isolated(&self.inner, path);
+        }
         let (dir, gen) = self
             .inner
             .with_index(|r| {
@@ -867,6 +926,7 @@ impl Fs {
             path: path.to_path_buf(),
             dir,
             gen,
+            ino: Ino::new(0),
             after: None,
             buf: VecDeque::new(),
             done: false,

@@ -32,6 +32,7 @@ mod connection;
 mod dir;
 mod file;
 mod fs;
+mod isolated;
 mod metadata;
 pub mod range_lock;
 

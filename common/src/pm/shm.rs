@@ -95,7 +95,9 @@ impl Shm {
     /// A new memfd named `name` (for /proc/PID/maps), `len` bytes long,
     /// mapped read-write over a reserved range of `reserve` bytes.
     pub fn create(name: &str, len: u64, reserve: u64) -> Result<Shm> {
-        let fd = memfd_create(name, MemfdFlags::CLOEXEC)
+        // Sealing allowed, so that memory another process is handed can
+        // have its size fixed (`Shm::seal_size`).
+        let fd = memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(|e| Error::io("create shared memory", name, e.into()))?;
         ftruncate(&fd, len).map_err(|e| Error::io("size shared memory", name, e.into()))?;
         let map = map_fd(fd.as_fd(), name, reserve.max(len), true)?;
@@ -150,6 +152,20 @@ impl Shm {
             len: AtomicU64::new(len),
             reserve: len,
         })
+    }
+
+    /// Fixes the memory's size for good: seals against shrinking, growing
+    /// and any further seal. A process handed the (read-write) descriptor
+    /// then cannot truncate the memory under another process's mapping,
+    /// whose loads past the new end would fault (`SIGBUS`), nor seal it
+    /// against the other's writes.
+    pub fn seal_size(&self) -> Result<()> {
+        use rustix::fs::SealFlags;
+        rustix::fs::fcntl_add_seals(
+            &self.fd,
+            SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+        )
+        .map_err(|e| Error::io("seal the size of shared memory", &self.name, e.into()))
     }
 
     /// The memory's descriptor, to hand to another process.

@@ -2,11 +2,19 @@
 //! counts per client, and the one client per file that holds its write
 //! lease and alone may commit to it.
 
+use kucofs_common::access::MAY_READ;
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::proto::{open, Node, Reply, Request};
 use kucofs_common::Errno;
 
 use super::{Caller, Volume};
+
+/// Whether `caller` may `want` on `inode`, by its permission bits now.
+fn permitted(ns: &crate::namespace::Namespace, inode: InodeOff, caller: Caller, want: u32) -> bool {
+    ns.reader()
+        .attr(inode)
+        .is_some_and(|a| caller.creds.permits(a.mode, a.uid, a.gid, want))
+}
 
 impl Volume {
     pub(super) fn open_file(
@@ -73,7 +81,11 @@ impl Volume {
         };
         if kind == Kind::File {
             self.ns.pin(ino);
+            let may_read = permitted(&self.ns, inode, caller, MAY_READ);
             let c = self.client(caller)?;
+            if may_read {
+                c.readable.insert(ino, ());
+            }
             let o = c.opens.entry(ino).or_default();
             o.0 += 1;
             o.1 += u32::from(write);
@@ -105,6 +117,7 @@ impl Volume {
         let (opens, writes) = *o;
         if opens == 0 {
             c.opens.remove(&ino);
+            c.readable.remove(&ino);
         }
         if write && writes == 0 {
             self.data.leases.remove(&ino);
