@@ -483,7 +483,19 @@ mod tests {
         assert!(got == model, "the file's bytes, the hole as zeros");
         let too_big = u32::try_from(STAGE_BYTES + 1).unwrap();
         assert_eq!(read(&mut v, file.ino, 0, too_big), Err(Errno::EINVAL));
-        let secret = open_read(&mut v, b"pub/secret");
+        // A file it may not read: the open is refused, and without one
+        // the data is too.
+        let open_secret = Request::Open {
+            path: b"pub/secret",
+            flags: 0,
+            mode: 0,
+            hint: None,
+        };
+        assert_eq!(v.handle(&open_secret, USER), Err(Errno::EACCES));
+        let secret = stat(&mut v, path(b"pub/secret", true))
+            .unwrap()
+            .into_attr()
+            .unwrap();
         assert_eq!(read(&mut v, secret.ino, 0, 10), Err(Errno::EBADF));
         v.close().unwrap();
     }
