@@ -380,3 +380,131 @@ fn a_client_of_another_protocol_is_refused_with_a_reason() {
     assert!(fs.exists("docs/hello"));
     fs.close().unwrap();
 }
+
+/// The socket a child client process attaches to.
+const SOCKET_ENV: &str = "KUCOFS_TEST_SOCKET";
+
+/// What the child client of
+/// `two_processes_see_each_others_changes_at_once` prints before each
+/// line meant for its parent (the test harness prints around it).
+const SAID: &str = "@@ ";
+
+/// Reads `path` whole as text.
+fn text(fs: &Fs, path: &str) -> String {
+    String::from_utf8(read_all(fs, path)).unwrap()
+}
+
+fn names(fs: &Fs, dir: &str) -> Vec<String> {
+    let mut v: Vec<String> = fs
+        .read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn two_processes_see_each_others_changes_at_once() {
+    let Some(s) = serve("kucofs-share-") else {
+        return;
+    };
+    let fs = Fs::connect(&s.socket).unwrap();
+    fs.create_dir("shared").unwrap();
+    let mut child = support::child_test("share_child")
+        .env(SOCKET_ENV, &s.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_child = child.stdin.take().unwrap();
+    let mut from_child = std::io::BufReader::new(child.stdout.take().unwrap());
+    // The child's next line for us, skipping what the harness prints.
+    let mut hear = || {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = std::io::BufRead::read_line(&mut from_child, &mut line).unwrap();
+            assert!(n > 0, "the child ended early");
+            // The harness's "test share_child ... " may lead the line.
+            if let Some(at) = line.find(SAID) {
+                return line[at + SAID.len()..].trim_end().to_owned();
+            }
+        }
+    };
+    // Each step runs right after the other process's reply: no waiting,
+    // no retry; what one changed, the other sees at once.
+    assert_eq!(hear(), "made c1");
+    assert_eq!(text(&fs, "shared/c1"), "from the child");
+    fs.rename("shared/c1", "shared/p1").unwrap();
+    let f = kucofs::File::create(&fs, "shared/p2").unwrap();
+    write_all_at(&f, b"from the parent", 0);
+    drop(f);
+    writeln!(to_child, "go").unwrap();
+    assert_eq!(hear(), "saw p1 p2, renamed p2 to c2, appended");
+    assert_eq!(names(&fs, "shared"), ["c2", "p1"]);
+    assert_eq!(text(&fs, "shared/c2"), "from the parent, and the child");
+    // Both at once: each makes and writes files while the other does,
+    // then checks every file of both.
+    writeln!(to_child, "go").unwrap();
+    for i in 0..200 {
+        let f = kucofs::File::create(&fs, &format!("shared/p-{i}")).unwrap();
+        write_all_at(&f, format!("parent {i}").as_bytes(), 0);
+    }
+    assert_eq!(hear(), "made 200");
+    for i in 0..200 {
+        assert_eq!(text(&fs, &format!("shared/c-{i}")), format!("child {i}"));
+    }
+    writeln!(to_child, "go").unwrap();
+    assert_eq!(hear(), "saw 200");
+    assert!(child.wait().unwrap().success());
+    assert_eq!(names(&fs, "shared").len(), 402);
+    fs.close().unwrap();
+    let (status, said) = s.daemon.stop();
+    assert!(status.success(), "daemon exited {status:?}: {said}");
+    let report = kucofs_kfs::fsck(&s.image).unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
+/// The other process of `two_processes_see_each_others_changes_at_once`.
+#[test]
+#[ignore = "run by two_processes_see_each_others_changes_at_once"]
+fn share_child() {
+    let socket = std::env::var_os(SOCKET_ENV).expect("the daemon's socket");
+    let fs = Fs::connect(Path::new(&socket)).unwrap();
+    let stdin = std::io::stdin();
+    let wait = || {
+        let mut line = String::new();
+        stdin.read_line(&mut line).unwrap();
+        assert_eq!(line.trim_end(), "go");
+    };
+    let f = kucofs::File::create(&fs, "shared/c1").unwrap();
+    write_all_at(&f, b"from the child", 0);
+    drop(f);
+    println!("{SAID}made c1");
+    wait();
+    assert!(!fs.exists("shared/c1"));
+    assert_eq!(text(&fs, "shared/p1"), "from the child");
+    assert_eq!(text(&fs, "shared/p2"), "from the parent");
+    assert_eq!(names(&fs, "shared"), ["p1", "p2"]);
+    fs.rename("shared/p2", "shared/c2").unwrap();
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&fs, "shared/c2")
+        .unwrap();
+    write_all_at(&f, b", and the child", 15);
+    drop(f);
+    println!("{SAID}saw p1 p2, renamed p2 to c2, appended");
+    wait();
+    for i in 0..200 {
+        let f = kucofs::File::create(&fs, &format!("shared/c-{i}")).unwrap();
+        write_all_at(&f, format!("child {i}").as_bytes(), 0);
+    }
+    println!("{SAID}made 200");
+    wait();
+    for i in 0..200 {
+        assert_eq!(text(&fs, &format!("shared/p-{i}")), format!("parent {i}"));
+    }
+    println!("{SAID}saw 200");
+    fs.close().unwrap();
+}
