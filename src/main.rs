@@ -63,6 +63,11 @@ enum Command {
         /// daemon that is gone is replaced).
         #[arg(long)]
         socket: PathBuf,
+        /// Evict a client whose thread holds back reclamation with one
+        /// reader epoch this many milliseconds (default 5000): its
+        /// connection is closed and its reads fail.
+        #[arg(long, value_name = "MS")]
+        evict_after_ms: Option<u64>,
     },
     /// Crash every operation at every fence: recover each crash image the
     /// hardware allows (up to K torn cache lines) and check it; exits
@@ -116,21 +121,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(DAMAGED));
             }
         }
-        Command::Serve { image, socket } => {
+        Command::Serve {
+            image,
+            socket,
+            evict_after_ms,
+        } => {
             on_stop_signals();
-            kucofs_kfs::daemon::serve(
-                &image,
-                &socket,
-                kucofs_kfs::ServerConfig::default(),
-                &STOP,
-                || {
-                    eprintln!(
-                        "kucofs: serving {} on {} (SIGTERM or SIGINT to stop)",
-                        image.display(),
-                        socket.display()
-                    );
-                },
-            )
+            let config = kucofs_kfs::ServerConfig {
+                evict_after: evict_after_ms.map(std::time::Duration::from_millis),
+                ..kucofs_kfs::ServerConfig::default()
+            };
+            kucofs_kfs::daemon::serve(&image, &socket, config, &STOP, || {
+                eprintln!(
+                    "kucofs: serving {} on {} (SIGTERM or SIGINT to stop)",
+                    image.display(),
+                    socket.display()
+                );
+            })
             .with_context(|| format!("serve {}", image.display()))?;
             eprintln!("kucofs: {} closed cleanly", image.display());
         }

@@ -15,8 +15,9 @@ use crate::Errno;
 /// and the layout of the shared index the client reads (2: directory links
 /// carry their next node's hash tag; 3: a grant's reply carries up to
 /// [`GRANT_RUNS`] more runs; 4: a reply carries a kind tag, and the
-/// fields of its kind only; 5: [`Request::Write`]).
-pub const PROTO_VERSION: u16 = 5;
+/// fields of its kind only; 5: [`Request::Write`]; 6: [`Request::Lease`],
+/// and the write marks and eviction word of the request segment).
+pub const PROTO_VERSION: u16 = 6;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
@@ -174,6 +175,12 @@ pub enum Request<'a> {
     /// client that cannot write into the image (a daemon's). Needs the
     /// write lease. The reply is the file's size.
     Write { ino: Ino, offset: u64, len: u32 },
+    /// Take the write lease of a file this client has open for writing,
+    /// or learn the generation of the lease it holds (ARCHITECTURE.md
+    /// §8). `EAGAIN` while another client writes the file (ask again
+    /// later). The reply is [`Reply::Size`] holding the lease's
+    /// generation, which the thread's write mark then names.
+    Lease { ino: Ino },
 }
 
 /// Bytes of a slot's part of a client's staging area: the most one
@@ -607,6 +614,7 @@ mod op {
     pub const TRUNCATE: u16 = 11;
     pub const UNPOOL: u16 = 12;
     pub const WRITE: u16 = 13;
+    pub const LEASE: u16 = 14;
 }
 
 /// Bytes before the body: version u16, op u16, body length u32, and the
@@ -752,6 +760,10 @@ impl<'a> Request<'a> {
                 w.u32(*len);
                 op::WRITE
             }
+            Request::Lease { ino } => {
+                w.u64(ino.get());
+                op::LEASE
+            }
             Request::Unpool { slot, start, pages } => {
                 w.u32(*slot);
                 w.u64(start.get());
@@ -850,6 +862,9 @@ impl<'a> Request<'a> {
                 offset: r.u64()?,
                 len: r.u32()?,
             },
+            op::LEASE => Request::Lease {
+                ino: Ino::new(r.u64()?),
+            },
             op::UNPOOL => Request::Unpool {
                 slot: r.u32()?,
                 start: PageNo::new(r.u64()?),
@@ -869,9 +884,10 @@ impl<'a> Request<'a> {
             Request::Create { .. } | Request::Link { .. } => ReplyKind::Node,
             Request::Open { .. } => ReplyKind::Open,
             Request::Grant { .. } => ReplyKind::Grant,
-            Request::Commit { .. } | Request::Truncate { .. } | Request::Write { .. } => {
-                ReplyKind::Size
-            }
+            Request::Commit { .. }
+            | Request::Truncate { .. }
+            | Request::Write { .. }
+            | Request::Lease { .. } => ReplyKind::Size,
             Request::Unlink { .. }
             | Request::Rename { .. }
             | Request::SetAttr { .. }
@@ -902,6 +918,7 @@ impl<'a> Request<'a> {
             Request::Truncate { .. } => RequestKind::Truncate,
             Request::Unpool { .. } => RequestKind::Unpool,
             Request::Write { .. } => RequestKind::Write,
+            Request::Lease { .. } => RequestKind::Lease,
         }
     }
 }
@@ -941,13 +958,15 @@ pub enum RequestKind {
     Unpool,
     #[allow(missing_docs)]
     Write,
+    #[allow(missing_docs)]
+    Lease,
     /// A request that failed to decode.
     Malformed,
 }
 
 impl RequestKind {
     /// Every kind, in display order.
-    pub const ALL: [RequestKind; 17] = [
+    pub const ALL: [RequestKind; 18] = [
         RequestKind::Create,
         RequestKind::Mkdir,
         RequestKind::Symlink,
@@ -964,6 +983,7 @@ impl RequestKind {
         RequestKind::Truncate,
         RequestKind::Unpool,
         RequestKind::Write,
+        RequestKind::Lease,
         RequestKind::Malformed,
     ];
 }
@@ -1018,7 +1038,7 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..13u8, flip in any::<prop::sample::Index>(),
+            which in 0..14u8, flip in any::<prop::sample::Index>(),
             x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
             let req = match which {
@@ -1059,6 +1079,7 @@ mod tests {
                     offset: y,
                     len: mode,
                 },
+                12 => Request::Lease { ino: Ino::new(x) },
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();

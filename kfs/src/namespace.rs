@@ -634,7 +634,8 @@ impl Namespace {
             | Request::Commit { .. }
             | Request::Truncate { .. }
             | Request::Unpool { .. }
-            | Request::Write { .. } => Err(Errno::EINVAL),
+            | Request::Write { .. }
+            | Request::Lease { .. } => Err(Errno::EINVAL),
         }
     }
 
