@@ -371,13 +371,39 @@ impl File {
         // allocation (nor a large clear) for those.
         let pages = ((buf.len() as u64).div_ceil(PAGE) + 1).min(READ_CHUNK);
         kucofs_common::scratch::with_words(to_len(pages), |entries| {
-            self.read_into(entries, buf, offset)
+            self.read_into(entries, buf, offset, || {})
+        })
+    }
+
+    /// [`File::read_at`] that runs `pause` once the map entries of each
+    /// chunk are loaded, before their pages are copied: for tests that
+    /// stop a reader inside its read section (ARCHITECTURE.md §9).
+    #[doc(hidden)]
+    pub fn debug_read_at_paused(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        pause: impl FnMut(),
+    ) -> io::Result<usize> {
+        if !self.read || self.kind == Kind::Dir {
+            return Err(err(Errno::EBADF));
+        }
+        let pages = ((buf.len() as u64).div_ceil(PAGE) + 1).min(READ_CHUNK);
+        kucofs_common::scratch::with_words(to_len(pages), |entries| {
+            self.read_into(entries, buf, offset, pause)
         })
     }
 
     /// [`File::read_at`], with room for `entries.len()` map entries at a
-    /// time.
-    fn read_into(&self, entries: &mut [u64], buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    /// time; `pause` runs between loading a chunk's entries and copying
+    /// its pages.
+    fn read_into(
+        &self,
+        entries: &mut [u64],
+        buf: &mut [u8],
+        offset: u64,
+        mut pause: impl FnMut(),
+    ) -> io::Result<usize> {
         let region = &self.fs.region;
         self.fs.with_index(|r| {
             let mem = r.mem();
@@ -412,6 +438,7 @@ impl File {
                     let map = MapReader::of_inode(mem, self.inode);
                     let snap = &mut entries[..to_len(n)];
                     load_entries(&map, first, snap);
+                    pause();
                     if snap[0] != 0 {
                         let next = Layout::after(layout, first, entry_page(snap[0]).get());
                         // Stored only when it changes: a contiguous file's
