@@ -12,9 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use kucofs::{File, Fs, OpenOptions};
-use support::daemon::{
-    child_env, parse_record, record, ChildLines, Daemon, Reaped, Rng, RECORD,
-};
+use support::daemon::{child_env, parse_record, record, ChildLines, Daemon, Reaped, Rng, RECORD};
 
 /// An image served by a daemon on a socket beside it (the directory goes
 /// when the test ends).
@@ -135,7 +133,11 @@ fn appends_from_two_processes_land_whole_and_interleave() {
     let mut last = 0;
     for (i, r) in data.chunks(RECORD).enumerate() {
         let (w, seq, _) = parse_record(r).unwrap_or_else(|| panic!("record {i} is torn"));
-        assert_eq!(seq, next[usize::from(w)], "record {i}: writer {w} out of order");
+        assert_eq!(
+            seq,
+            next[usize::from(w)],
+            "record {i}: writer {w} out of order"
+        );
         next[usize::from(w)] += 1;
         switches += u32::from(last != 0 && last != w);
         last = w;
@@ -177,8 +179,14 @@ fn overwrites_from_two_processes_are_whole_to_a_third_reading() {
     let mut buf = vec![0u8; RECORD];
     let mut reads = 0u32;
     let start = Instant::now();
-    while writers.iter_mut().any(|w| w.0 .0.try_wait().unwrap().is_none()) {
-        assert!(start.elapsed() < Duration::from_secs(60), "the writers hang");
+    while writers
+        .iter_mut()
+        .any(|w| w.0 .0.try_wait().unwrap().is_none())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the writers hang"
+        );
         let slot = u32::try_from(rng.below(u64::from(SLOTS))).unwrap();
         let at = u64::from(slot) * RECORD as u64;
         assert_eq!(f.read_at(&mut buf, at).unwrap(), RECORD);
@@ -269,7 +277,10 @@ fn a_client_stopped_in_a_read_is_evicted_and_reclamation_goes_on() {
     lines.expect("PAUSED");
     let start = Instant::now();
     while !stopped(child.0.id()) {
-        assert!(start.elapsed() < Duration::from_secs(10), "the child did not stop");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the child did not stop"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // The pages the stopped reader found go, and four times the image's

@@ -58,7 +58,8 @@ impl Daemon {
         signal(&self.child, rustix::process::Signal::TERM);
         let mut rest = String::new();
         let mut err = self.child.stderr.take().expect("stderr is piped");
-        err.read_to_string(&mut rest).expect("read the daemon's stderr");
+        err.read_to_string(&mut rest)
+            .expect("read the daemon's stderr");
         (self.child.wait().expect("reap the daemon"), rest)
     }
 }
@@ -207,9 +208,10 @@ impl ChildLines {
             let line = line.trim_end();
             let line = line.rsplit_once(" ... ").map_or(line, |(_, l)| l);
             if line.starts_with(|c: char| c.is_ascii_uppercase())
-                && line.split(' ').next().is_some_and(|w| {
-                    w.chars().all(|c| c.is_ascii_uppercase() || c == '-')
-                })
+                && line
+                    .split(' ')
+                    .next()
+                    .is_some_and(|w| w.chars().all(|c| c.is_ascii_uppercase() || c == '-'))
             {
                 return Some(line.to_owned());
             }
