@@ -153,6 +153,48 @@ fn appends_from_two_processes_land_whole_and_interleave() {
     support::daemon::assert_fsck_clean(&s.image);
 }
 
+/// One of two appending processes is stopped (SIGSTOP) at a random
+/// moment, most likely inside a write, holding the lease: the other
+/// finishes all its appends while it is stopped (waiting at most the
+/// lease bound, 1 s, for it); continued, the stopped one finishes too,
+/// its write in flight redone at the new end, and every record is whole,
+/// in each writer's order.
+#[test]
+fn a_stopped_appender_holds_the_other_back_only_for_the_bound() {
+    let Some(s) = serve("kucofs-leases-stopped-", 64 << 20, &[]) else {
+        return;
+    };
+    let fs = Fs::connect(&s.socket).unwrap();
+    fs.create_file("shared").unwrap();
+    let mut writers = vec![
+        start_writer(&s.socket, 1, true),
+        start_writer(&s.socket, 2, true),
+    ];
+    go(&mut writers);
+    let mut rng = Rng::new("stopped appender");
+    std::thread::sleep(Duration::from_micros(500 + rng.below(3000)));
+    support::daemon::signal(&writers[0].0 .0, rustix::process::Signal::STOP);
+    let second = writers.pop().unwrap();
+    let start = Instant::now();
+    finish(vec![second]);
+    println!("the other writer finished in {:.1?}", start.elapsed());
+    support::daemon::signal(&writers[0].0 .0, rustix::process::Signal::CONT);
+    finish(writers);
+    let data = fs.read("shared").unwrap();
+    assert_eq!(data.len(), 2 * WRITES as usize * RECORD);
+    let mut next = [0u32; 3];
+    for (i, r) in data.chunks(RECORD).enumerate() {
+        let (w, seq, _) = parse_record(r).unwrap_or_else(|| panic!("record {i} is torn"));
+        assert_eq!(
+            seq,
+            next[usize::from(w)],
+            "record {i}: writer {w} out of order"
+        );
+        next[usize::from(w)] += 1;
+    }
+    fs.close().unwrap();
+}
+
 /// Two processes overwrite random slots of one file with records while a
 /// third (this test) reads random slots: every read finds a whole record
 /// of the slot, the writers both write all theirs, and at the end every
