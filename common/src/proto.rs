@@ -191,7 +191,7 @@ pub const STAGE_BYTES: u64 = 128 * 4096;
 /// Flags of [`Request::Open`].
 pub mod open {
     /// Open for writing (takes the write lease if no client holds it;
-    /// see [`Request::Lease`]).
+    /// see [`Request::Lease`](super::Request::Lease)).
     pub const WRITE: u32 = 1;
     /// Create the file if it does not exist.
     pub const CREATE: u32 = 2;
