@@ -405,14 +405,16 @@ impl File {
         mut pause: impl FnMut(),
     ) -> io::Result<usize> {
         let region = &self.fs.region;
-        self.fs.with_index(|r| {
-            let mem = r.mem();
-            let mut done = 0usize;
-            while done < buf.len() {
-                let at = offset + done as u64;
-                // One chunk: the pages of up to READ_CHUNK, copied from one
-                // state of the map.
-                let copied = loop {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            // One chunk: the pages of up to READ_CHUNK, copied from one
+            // state of the map, in a read section of its own: a long read
+            // holds back reclamation (and nears eviction, ARCHITECTURE.md
+            // §9) for no longer than one chunk's copy.
+            let copied = self.fs.with_index(|r| -> io::Result<usize> {
+                let mem = r.mem();
+                Ok(loop {
                     let size = mem.load_u64(self.inode.size(), Ordering::Acquire);
                     if at >= size {
                         break 0;
@@ -490,14 +492,14 @@ impl File {
                         }
                         break len;
                     }
-                };
-                if copied == 0 {
-                    break;
-                }
-                done += copied;
+                })
+            })??;
+            if copied == 0 {
+                break;
             }
-            Ok(done)
-        })?
+            done += copied;
+        }
+        Ok(done)
     }
 
     /// Writes all of `buf` at `offset` (durably) without moving the
