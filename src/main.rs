@@ -77,6 +77,11 @@ enum Command {
         /// through requests the daemon checks.
         #[arg(long, value_name = "GROUP")]
         trusted_group: Option<String>,
+        /// Evict a client whose thread holds back reclamation with one
+        /// reader epoch this many milliseconds (default 5000): its
+        /// connection is closed and its reads fail.
+        #[arg(long, value_name = "MS")]
+        evict_after_ms: Option<u64>,
     },
     /// Crash every operation at every fence: recover each crash image the
     /// hardware allows (up to K torn cache lines) and check it; exits
@@ -135,9 +140,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             socket,
             background,
             trusted_group,
+            evict_after_ms,
         } => {
             let trust = kucofs_kfs::daemon::Trust {
                 group: trusted_group.as_deref().map(group_id).transpose()?,
+            };
+            let config = kucofs_kfs::ServerConfig {
+                evict_after: evict_after_ms.map(std::time::Duration::from_millis),
+                ..kucofs_kfs::ServerConfig::default()
             };
             let ready_pipe = if background {
                 match daemonize().context("serve --background")? {
@@ -148,25 +158,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None
             };
             on_stop_signals();
-            kucofs_kfs::daemon::serve(
-                &image,
-                &socket,
-                kucofs_kfs::ServerConfig::default(),
-                trust,
-                &STOP,
-                || {
-                    eprintln!(
-                        "kucofs: serving {} on {} (SIGTERM or SIGINT to stop)",
-                        image.display(),
-                        socket.display()
-                    );
-                    if let Some(pipe) = ready_pipe {
-                        // The parent waits for this byte; closing the pipe
-                        // lets it go.
-                        let _ = rustix::io::write(&pipe, b"r");
-                    }
-                },
-            )
+            kucofs_kfs::daemon::serve(&image, &socket, config, trust, &STOP, || {
+                eprintln!(
+                    "kucofs: serving {} on {} (SIGTERM or SIGINT to stop)",
+                    image.display(),
+                    socket.display()
+                );
+                if let Some(pipe) = ready_pipe {
+                    // The parent waits for this byte; closing the pipe
+                    // lets it go.
+                    let _ = rustix::io::write(&pipe, b"r");
+                }
+            })
             .with_context(|| format!("serve {}", image.display()))?;
             eprintln!("kucofs: {} closed cleanly", image.display());
         }

@@ -49,6 +49,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
         protector: None,
         protection: Default::default(),
         staging: None,
+        hangup: None,
     })
     .unwrap();
     let call = |slot: usize, req: &Request<'_>| seg.call(slot, &bell, req);

@@ -36,6 +36,10 @@ const H_MAGIC: u64 = 0;
 const H_SLOTS: u64 = 8;
 /// Pending bitmap: one bit per slot, on its own cache line.
 const H_PENDING: u64 = 64;
+/// Nonzero once Kfs has evicted the client (ARCHITECTURE.md §9): it no
+/// longer waits for the client's reader epochs, so a read section that
+/// ends and finds this set may have read reused memory. On its own line.
+const H_EVICTED: u64 = 128;
 const SLOTS_AT: u64 = 4096;
 
 // Slot layout: the control line, then the reply, then the request.
@@ -48,6 +52,14 @@ const S_WAITING: u64 = 24;
 /// Futex word the client sleeps on; Kfs bumps it to wake the client.
 const S_WAKE: u64 = 28;
 const S_REQ_LEN: u64 = 32;
+/// The file this slot's thread is writing (0: none), and the lease
+/// generation the write runs under (0: not known yet), and whether its
+/// last request has gone out (ARCHITECTURE.md §8). Kfs moves a write lease
+/// only away from a client none of whose slots writes the file, except
+/// after a bound.
+const S_WRITE_INO: u64 = 40;
+const S_WRITE_LEASE: u64 = 48;
+const S_WRITE_LAST: u64 = 56;
 const REPLY_RECORD: u64 = 64;
 const REQUEST_RECORD: u64 = 192;
 // The reply fits between its start and the request's.
@@ -255,7 +267,93 @@ impl Segment {
             .store_u64(self.word(slot, S_EPOCH), 0, Ordering::Release);
     }
 
+    /// True once Kfs has evicted this client ([`Segment::evict`]). A
+    /// reader calls this after [`unpin`](Self::unpin): if it is false,
+    /// nothing the read section loaded came from memory Kfs reused.
+    pub fn evicted(&self) -> bool {
+        // Acquire fence: the read section's loads are ordered before this
+        // load. Pairs with Kfs's SeqCst store of the word in `evict`, made
+        // before it frees anything this client may be reading, and so
+        // before any store into that memory once reused: if a load of the
+        // section saw such a store, this load sees the word (loads are
+        // not reordered with loads on x86-64, the one target).
+        std::sync::atomic::fence(Ordering::Acquire);
+        self.shm
+            .try_load_u64(H_EVICTED, Ordering::Acquire)
+            .map_or(true, |e| e != 0)
+    }
+
+    /// Marks `slot`'s thread as writing file `ino` (ARCHITECTURE.md §8),
+    /// under the lease generation `lease` (0 while it does not know one).
+    /// Kfs does not take the file's lease from this client while the mark
+    /// stands (up to a bound), and refuses a commit whose slot names
+    /// another generation than the lease's.
+    pub fn mark_write(&self, slot: usize, ino: u64, lease: u64) {
+        let _ = self
+            .shm
+            .store_u64(self.word(slot, S_WRITE_LAST), 0, Ordering::Relaxed);
+        let _ = self
+            .shm
+            .store_u64(self.word(slot, S_WRITE_LEASE), lease, Ordering::Relaxed);
+        // SeqCst: pairs with Kfs's SeqCst loads of the marks when it
+        // decides whether to move the lease. A mark Kfs misses costs the
+        // write a redo, never its atomicity: the commit's check of the
+        // generation decides that.
+        let _ = self
+            .shm
+            .store_u64(self.word(slot, S_WRITE_INO), ino, Ordering::SeqCst);
+    }
+
+    /// Says that the request `slot` sends next is the last of its write:
+    /// once Kfs has applied it, Kfs may hand the lease to a client that
+    /// asked for it.
+    pub fn mark_last(&self, slot: usize) {
+        // Relaxed: the request's Release store of its sequence publishes it.
+        let _ = self
+            .shm
+            .store_u64(self.word(slot, S_WRITE_LAST), 1, Ordering::Relaxed);
+    }
+
+    /// Clears `slot`'s write mark, once the write's last reply is in.
+    pub fn clear_write(&self, slot: usize) {
+        // Release: nothing of the write happens after the mark is gone
+        // (pairs with Kfs's SeqCst loads of the marks).
+        let _ = self
+            .shm
+            .store_u64(self.word(slot, S_WRITE_INO), 0, Ordering::Release);
+    }
+
     // ---- Kfs side -----------------------------------------------------------
+
+    /// The write mark of `slot` ([`Segment::mark_write`]): the file, the
+    /// lease generation and whether the write's last request is out;
+    /// `None` if the slot is not writing. Untrusted, as every word of the
+    /// segment.
+    pub fn write_mark(&self, slot: usize) -> Option<(u64, u64, bool)> {
+        if slot >= SLOTS {
+            return None;
+        }
+        let load = |f| {
+            self.shm
+                .try_load_u64(self.word(slot, f), Ordering::SeqCst)
+                .unwrap_or(0)
+        };
+        let ino = load(S_WRITE_INO);
+        (ino != 0).then(|| (ino, load(S_WRITE_LEASE), load(S_WRITE_LAST) != 0))
+    }
+
+    /// The slots whose threads are writing file `ino`.
+    pub fn writers_of(&self, ino: u64) -> impl Iterator<Item = usize> + '_ {
+        (0..SLOTS).filter(move |&s| self.write_mark(s).is_some_and(|m| m.0 == ino))
+    }
+
+    /// Evicts the client (see [`Segment::evicted`]): called by Kfs before
+    /// it stops waiting for the client's reader epochs.
+    pub fn evict(&self) {
+        // SeqCst: ordered before every store Kfs or a writer makes into
+        // memory freed after this (pairs with the fence in `evicted`).
+        let _ = self.shm.store_u64(H_EVICTED, 1, Ordering::SeqCst);
+    }
 
     /// Takes the pending bits of slots `64 * word ..`.
     pub fn take_pending(&self, word: usize) -> u64 {

@@ -16,10 +16,11 @@ use crate::Errno;
 /// carry their next node's hash tag; 3: a grant's reply carries up to
 /// [`GRANT_RUNS`] more runs; 4: a reply carries a kind tag, and the
 /// fields of its kind only; 5: [`Request::Write`]; 6: [`Request::Statfs`],
-/// [`open::READ`], [`Request::SetAttr`] carries [`TimesNow`], and the
+/// [`open::READ`], [`Request::SetAttr`] carries [`TimesNow`], the
 /// reading requests of an isolated client, [`Request::Stat`] to
 /// [`Request::Read`], with their replies [`Reply::Attr`] and
-/// [`Reply::Listing`]).
+/// [`Reply::Listing`], [`Request::Lease`], and the write marks and
+/// eviction word of the request segment).
 pub const PROTO_VERSION: u16 = 6;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
@@ -246,6 +247,12 @@ pub enum Request<'a> {
     /// it when it opened it. Replied [`Reply::Size`]: the bytes copied (0
     /// at or past the end).
     Read { ino: Ino, offset: u64, len: u32 },
+    /// Take the write lease of a file this client has open for writing,
+    /// or learn the generation of the lease it holds (ARCHITECTURE.md
+    /// §8). `EAGAIN` while another client writes the file (ask again
+    /// later). The reply is [`Reply::Size`] holding the lease's
+    /// generation, which the thread's write mark then names.
+    Lease { ino: Ino },
 }
 
 impl<'a> At<'a> {
@@ -358,7 +365,8 @@ pub const STAGE_BYTES: u64 = 128 * 4096;
 /// Flags of [`Request::Open`]. As with `O_RDONLY`, an open that asks
 /// for neither reading nor writing is one for reading.
 pub mod open {
-    /// Open for writing (takes the write lease).
+    /// Open for writing (takes the write lease if no client holds it;
+    /// see [`Request::Lease`](super::Request::Lease)).
     pub const WRITE: u32 = 1;
     /// Create the file if it does not exist.
     pub const CREATE: u32 = 2;
@@ -966,6 +974,7 @@ mod op {
     pub const READDIR: u16 = 17;
     pub const READLINK: u16 = 18;
     pub const READ: u16 = 19;
+    pub const LEASE: u16 = 20;
 }
 
 /// Bytes before the body: version u16, op u16, body length u32, and the
@@ -1155,6 +1164,10 @@ impl<'a> Request<'a> {
                 w.u32(*len);
                 op::WRITE
             }
+            Request::Lease { ino } => {
+                w.u64(ino.get());
+                op::LEASE
+            }
             Request::Unpool { slot, start, pages } => {
                 w.u32(*slot);
                 w.u64(start.get());
@@ -1282,6 +1295,9 @@ impl<'a> Request<'a> {
                 offset: r.u64()?,
                 len: r.u32()?,
             },
+            op::LEASE => Request::Lease {
+                ino: Ino::new(r.u64()?),
+            },
             op::UNPOOL => Request::Unpool {
                 slot: r.u32()?,
                 start: PageNo::new(r.u64()?),
@@ -1337,7 +1353,8 @@ impl<'a> Request<'a> {
             | Request::Truncate { .. }
             | Request::Write { .. }
             | Request::ReadLink { .. }
-            | Request::Read { .. } => ReplyKind::Size,
+            | Request::Read { .. }
+            | Request::Lease { .. } => ReplyKind::Size,
             Request::Stat { .. } | Request::Lookup { .. } => ReplyKind::Attr,
             Request::ReadDir { .. } => ReplyKind::Listing,
             Request::Unlink { .. }
@@ -1376,6 +1393,7 @@ impl<'a> Request<'a> {
             Request::Read { .. } => RequestKind::Read,
             Request::Write { .. } => RequestKind::Write,
             Request::Statfs => RequestKind::Statfs,
+            Request::Lease { .. } => RequestKind::Lease,
         }
     }
 }
@@ -1427,13 +1445,15 @@ pub enum RequestKind {
     ReadLink,
     #[allow(missing_docs)]
     Read,
+    #[allow(missing_docs)]
+    Lease,
     /// A request that failed to decode.
     Malformed,
 }
 
 impl RequestKind {
     /// Every kind, in display order.
-    pub const ALL: [RequestKind; 23] = [
+    pub const ALL: [RequestKind; 24] = [
         RequestKind::Create,
         RequestKind::Mkdir,
         RequestKind::Symlink,
@@ -1456,6 +1476,7 @@ impl RequestKind {
         RequestKind::ReadDir,
         RequestKind::ReadLink,
         RequestKind::Read,
+        RequestKind::Lease,
         RequestKind::Malformed,
     ];
 }
@@ -1510,7 +1531,7 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..20u8, flip in any::<prop::sample::Index>(),
+            which in 0..21u8, flip in any::<prop::sample::Index>(),
             x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
             let req = match which {
@@ -1566,6 +1587,7 @@ mod tests {
                 16 => Request::ReadLink { at: At::Path { path: &a, follow: false } },
                 17 => Request::Read { ino: Ino::new(x), offset: y, len: mode },
                 18 => Request::Statfs,
+                19 => Request::Lease { ino: Ino::new(x) },
                 _ => Request::Ping,
             };
             let mut buf = Vec::new();

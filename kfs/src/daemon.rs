@@ -38,6 +38,12 @@ use crate::{Error, Result};
 
 /// How long a client that connected has to say hello.
 const HELLO_WAIT: Duration = Duration::from_secs(2);
+/// How long a client's thread may hold back reclamation with one reader
+/// epoch before the daemon evicts the client, unless the configuration
+/// says otherwise: far longer than any read section takes (a read of a
+/// GiB takes a fraction of a second), short enough that the other
+/// clients' freed pages come back before their pools run dry.
+pub const EVICT_AFTER: Duration = Duration::from_secs(5);
 /// How often the accepting loop looks at the stop flag while idle.
 const STOP_POLL: Duration = Duration::from_millis(20);
 
@@ -86,6 +92,12 @@ pub fn serve(
     ready: impl FnOnce(),
 ) -> Result<()> {
     let volume = Volume::open(image)?;
+    // A client process stopped inside a read must not stop reclamation
+    // for the others (ARCHITECTURE.md §9).
+    let config = ServerConfig {
+        evict_after: config.evict_after.or(Some(EVICT_AFTER)),
+        ..config
+    };
     let shm = volume.namespace().shm();
     let io = Error::Region;
     let index = shm.read_only_fd().map_err(io)?;
@@ -219,6 +231,7 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
             protector: None,
             protection: Protection::Off,
             staging: Some(staging.map_again().map_err(|_| refuse(Errno::ENOMEM))?),
+            hangup: Some(stream.try_clone().map_err(|_| refuse(Errno::ENOMEM))?),
         })
         .map_err(|_| refuse(Errno::EIO))?;
     let w = Welcome {

@@ -650,7 +650,8 @@ impl Namespace {
             | Request::Lookup { .. }
             | Request::ReadDir { .. }
             | Request::ReadLink { .. }
-            | Request::Read { .. } => Err(Errno::EINVAL),
+            | Request::Read { .. }
+            | Request::Lease { .. } => Err(Errno::EINVAL),
         }
     }
 

@@ -61,6 +61,15 @@ pub struct ServerConfig {
     /// for a view whose protection never changes (protection keys); Kfs
     /// alone takes `None` as off.
     pub huge_ahead: Option<bool>,
+    /// Evict a client whose thread holds back reclamation with one reader
+    /// epoch this long (ARCHITECTURE.md §9): Kfs stops waiting for it and
+    /// closes its connection ([`Client::hangup`]). `None` (the default)
+    /// never does: in embedded mode the one client is the process Kfs runs
+    /// in. `kucofs serve` evicts after 5 s.
+    pub evict_after: Option<Duration>,
+    /// How long a client may keep writing a file another client waits
+    /// for before it loses the lease (ARCHITECTURE.md §8).
+    pub lease_wait: Duration,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +81,8 @@ impl Default for ServerConfig {
             idle_checkpoint: Duration::from_millis(500),
             huge_pages: None,
             huge_ahead: None,
+            evict_after: None,
+            lease_wait: crate::volume::LEASE_WAIT,
         }
     }
 }
@@ -271,6 +282,10 @@ pub struct Client {
     /// itself (see
     /// [`Request::Write`]).
     pub staging: Option<kucofs_common::pm::Shm>,
+    /// The client's connection, for a client in another process: Kfs
+    /// shuts it down when it evicts the client, and the daemon then
+    /// detaches it as for any closed connection.
+    pub hangup: Option<std::os::unix::net::UnixStream>,
 }
 
 /// A running Kfs thread.
@@ -505,6 +520,8 @@ impl Kfs {
         let readers = Readers::default();
         let mut volume = volume;
         volume.set_readers(readers.clone());
+        volume.set_eviction(config.evict_after);
+        volume.set_lease_wait(config.lease_wait);
         if config.huge_pages == Some(true) {
             volume.enable_huge_pages();
         }
@@ -835,6 +852,7 @@ impl Server {
                     }
                 }
                 let mut nap = self.keep_house_idle(last_direct.elapsed() < self.config.sleep);
+                self.hang_up_evicted();
                 let p = &self.nudge.provision;
                 if p.lock().as_ref().is_some_and(Provisioner::behind_pending) {
                     nap = nap.min(crate::provision::BEHIND_PACE);
@@ -893,6 +911,22 @@ impl Server {
     fn keep_house(&mut self) {
         if let Some(volume) = self.volume.lock().as_mut() {
             keep_house(volume, &self.stats);
+        }
+        self.hang_up_evicted();
+    }
+
+    /// Shuts down the connections of the clients the volume evicted.
+    fn hang_up_evicted(&mut self) {
+        let evicted = match self.volume.lock().as_mut() {
+            Some(v) => v.take_evicted(),
+            None => return,
+        };
+        for id in evicted {
+            let hangup = self.clients.iter().find(|c| c.0 == id);
+            if let Some(socket) = hangup.and_then(|c| c.1.hangup.as_ref()) {
+                eprintln!("kfs: client {id} evicted: it held a reader epoch too long");
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+            }
         }
     }
 
@@ -993,6 +1027,7 @@ mod tests {
                 protector: None,
                 protection: Protection::Off,
                 staging: None,
+                hangup: None,
             })
             .unwrap();
         let direct = kfs.direct();

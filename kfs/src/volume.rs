@@ -47,6 +47,7 @@ mod retire;
 mod warmer;
 
 pub use grants::POOL_MAX;
+pub use leases::LEASE_WAIT;
 pub use protection::{make_deferred, Changes, Failure};
 use protection::{Held, Pending, View};
 pub(crate) use retire::apply_batch;
@@ -86,6 +87,8 @@ pub struct Volume {
     data: DataState,
     protection: protection::State,
     readers: Readers,
+    /// Reader-epoch eviction (see `Volume::set_eviction`).
+    eviction: Eviction,
     /// A retirement failed after it changed the store's bookkeeping (its
     /// batch invalid, or not written): the log must stay as it is for
     /// recovery, so every change is refused with `EIO` from then on.
@@ -126,6 +129,7 @@ impl Volume {
             data: DataState::default(),
             protection: protection::State::default(),
             readers: Readers::default(),
+            eviction: Eviction::default(),
             failed: false,
         }
     }
@@ -133,6 +137,22 @@ impl Volume {
     /// The request segments whose epochs reclamation must wait for.
     pub fn set_readers(&mut self, readers: Readers) {
         self.readers = readers;
+    }
+
+    /// Evicts a client one of whose threads holds back reclamation with
+    /// the same reader epoch for `after` or longer (ARCHITECTURE.md §9);
+    /// `None` (the default) never does. Only for clients in processes of
+    /// their own: an evicted client's reads fail from then on, and its
+    /// requests too (`ENOTCONN`), until the daemon has detached it (see
+    /// [`Volume::take_evicted`]).
+    pub fn set_eviction(&mut self, after: Option<std::time::Duration>) {
+        self.eviction.after = after;
+    }
+
+    /// The clients evicted since the last call, for the daemon to close
+    /// their connections.
+    pub fn take_evicted(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.eviction.evicted)
     }
 
     /// The data pages.
@@ -168,7 +188,22 @@ impl Volume {
         let Ok(epoch) = self.ns.advance_epoch() else {
             return 0;
         };
-        let readers = self.readers.lock();
+        let mut readers = self.readers.lock();
+        for client in self.eviction.stuck(&readers) {
+            // The word first, then no more waiting for the client: a read
+            // section of it that loaded anything freed from now on finds
+            // the word when it ends (see `Segment::evicted`).
+            readers.retain(|(id, seg)| {
+                if *id == client {
+                    seg.evict();
+                }
+                *id != client
+            });
+            if let Some(c) = self.data.clients.get_mut(&client) {
+                c.evicted = true;
+            }
+            self.eviction.evicted.push(client);
+        }
         let oldest =
             crate::arena::oldest_reader(readers.iter().flat_map(|(_, s)| s.epochs()), epoch);
         drop(readers);
@@ -274,6 +309,14 @@ impl Volume {
     pub fn handle(&mut self, req: &Request<'_>, caller: Caller) -> Result<Reply, Errno> {
         if self.failed && !matches!(req, Request::Ping | Request::Close { .. } | Request::Statfs) {
             return Err(Errno::EIO);
+        }
+        if self
+            .data
+            .clients
+            .get(&caller.client)
+            .is_some_and(|c| c.evicted)
+        {
+            return Err(Errno::ENOTCONN);
         }
         self.fill_stock();
         let r = match self.handle_data(req, caller) {
@@ -390,15 +433,81 @@ pub(crate) struct ClientData {
     /// (a daemon's) leaves the data of its writes (see
     /// [`Request::Write`](kucofs_common::proto::Request::Write)).
     staging: Option<kucofs_common::pm::Shm>,
+    /// Evicted for holding a reader epoch too long: its requests fail
+    /// with `ENOTCONN` until it is detached.
+    evicted: bool,
+}
+
+/// Which reader epochs have been held how long, to evict a client that
+/// holds back reclamation too long (ARCHITECTURE.md §9).
+#[derive(Debug, Default)]
+struct Eviction {
+    /// The bound; `None`: never evict.
+    after: Option<std::time::Duration>,
+    /// (client, slot) -> the epoch word last seen there, and since when.
+    held: std::collections::HashMap<(u32, usize), (u64, std::time::Instant)>,
+    /// Evicted, not yet taken by the daemon.
+    evicted: Vec<u32>,
+}
+
+impl Eviction {
+    /// The clients of `readers` that have held one reader epoch for the
+    /// bound or longer. Called after the global epoch advanced: a thread
+    /// that left its read section and entered another since the last call
+    /// publishes a newer word, so a word seen again is one read section.
+    fn stuck(&mut self, readers: &[(u32, Segment)]) -> Vec<u32> {
+        let Some(after) = self.after else {
+            return Vec::new();
+        };
+        let now = std::time::Instant::now();
+        let mut held = std::collections::HashMap::new();
+        let mut stuck = Vec::new();
+        for (id, seg) in readers {
+            for (slot, word) in seg.epochs().enumerate() {
+                if word == 0 {
+                    continue;
+                }
+                let since = match self.held.get(&(*id, slot)) {
+                    Some(&(w, t)) if w == word => t,
+                    _ => now,
+                };
+                held.insert((*id, slot), (word, since));
+                if now.duration_since(since) >= after && !stuck.contains(id) {
+                    stuck.push(*id);
+                }
+            }
+        }
+        held.retain(|(id, _), _| !stuck.contains(id));
+        self.held = held;
+        stuck
+    }
 }
 
 /// Leases and clients.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct DataState {
     /// Write leases: file -> the one client that may commit to it (while
-    /// it has the file open for writing).
-    leases: IntMap<Ino, u32>,
+    /// it has the file open for writing), and the lease's generation.
+    leases: IntMap<Ino, leases::Lease>,
+    /// Files whose lease a client waits for (see `leases`).
+    waiters: IntMap<Ino, leases::Waiter>,
+    /// The last lease generation given.
+    next_lease: u64,
+    /// How long a writer may keep a lease another client waits for.
+    lease_wait: std::time::Duration,
     clients: IntMap<u32, ClientData>,
+}
+
+impl Default for DataState {
+    fn default() -> Self {
+        DataState {
+            leases: IntMap::default(),
+            waiters: IntMap::default(),
+            next_lease: 0,
+            lease_wait: leases::LEASE_WAIT,
+            clients: IntMap::default(),
+        }
+    }
 }
 
 impl Volume {
@@ -444,7 +553,8 @@ impl Volume {
             }
         }
         let _ = self.settle_protection();
-        self.data.leases.retain(|_, &mut c| c != client);
+        self.data.leases.retain(|_, l| l.client != client);
+        self.data.waiters.retain(|_, w| w.client != client);
         self.pages.release_client(client);
         // Every open goes, whatever one of them answers.
         let mut first_err = Ok(());
@@ -489,9 +599,22 @@ impl Volume {
                 first,
                 size,
                 extents,
-            } => self.commit(ino, first, size, &extents, caller),
-            Request::Truncate { ino, size } => self.truncate(ino, size, caller),
-            Request::Write { ino, offset, len } => self.write_staged(ino, offset, len, caller),
+            } => {
+                let r = self.commit(ino, first, size, &extents, caller);
+                self.hand_over(ino, caller);
+                r
+            }
+            Request::Truncate { ino, size } => {
+                let r = self.truncate(ino, size, caller);
+                self.hand_over(ino, caller);
+                r
+            }
+            Request::Write { ino, offset, len } => {
+                let r = self.write_staged(ino, offset, len, caller);
+                self.hand_over(ino, caller);
+                r
+            }
+            Request::Lease { ino } => self.take_lease(ino, caller),
             Request::Unpool { slot, start, pages } => self.unpool(slot, start, pages, caller),
             Request::Statfs => Ok(Reply::Statfs(self.statfs())),
             Request::Stat { at } => self.stat(at, caller),

@@ -1,6 +1,8 @@
 //! What several whole-system tests share.
 
 pub mod companion;
+#[allow(dead_code)] // Only the daemon's tests use it.
+pub mod daemon;
 
 use std::path::Path;
 

@@ -203,6 +203,7 @@ impl Connection {
                 protector,
                 protection,
                 staging: None,
+                hangup: None,
             })
             .map_err(kfs_err)?;
         let mut conn = Connection::queued(segment, doorbell, creds);
@@ -224,9 +225,34 @@ impl Connection {
         self.segment.pin(slot, epoch);
     }
 
-    /// Leaves the index (see [`Segment::unpin`]).
-    pub(crate) fn unpin(&self, slot: usize) {
+    /// Leaves the index (see [`Segment::unpin`]); `ENOTCONN` if the
+    /// daemon evicted this client meanwhile (ARCHITECTURE.md §9): what the
+    /// read section loaded may come from memory Kfs reused.
+    pub(crate) fn unpin(&self, slot: usize) -> Result<(), Errno> {
         self.segment.unpin(slot);
+        // A Kfs in this process never evicts it.
+        if self.daemon.is_some() && self.segment.evicted() {
+            self.closed.store(true, Ordering::Release);
+            return Err(Errno::ENOTCONN);
+        }
+        Ok(())
+    }
+
+    /// Marks `slot` as writing file `ino` under lease generation `lease`
+    /// (see [`Segment::mark_write`]).
+    pub(crate) fn mark_write(&self, slot: usize, ino: u64, lease: u64) {
+        self.segment.mark_write(slot, ino, lease);
+    }
+
+    /// Says that `slot`'s next request ends its write (see
+    /// [`Segment::mark_last`]).
+    pub(crate) fn mark_last(&self, slot: usize) {
+        self.segment.mark_last(slot);
+    }
+
+    /// Clears `slot`'s write mark.
+    pub(crate) fn clear_write(&self, slot: usize) {
+        self.segment.clear_write(slot);
     }
 
     /// Where `slot`'s requests may be applied on this thread, and who

@@ -156,6 +156,7 @@ impl OpenOptions {
             lock,
             last_line: AtomicU64::new(0),
             layout: AtomicU64::new(Layout::NONE),
+            lease: AtomicU64::new(0),
         };
         // Truncation as `set_len` does it, under the file's range lock, so
         // that a write another thread has under way lands wholly before
@@ -196,6 +197,38 @@ pub struct File {
     last_line: AtomicU64,
     /// Where this handle's reads find their pages: a [`Layout`] word.
     layout: AtomicU64,
+    /// The generation of the file's write lease as Kfs last told this
+    /// handle (0: not known). Kfs refuses a commit made under another
+    /// generation than the lease's (`ESTALE`): the lease moved to another
+    /// process meanwhile (ARCHITECTURE.md §8).
+    lease: AtomicU64,
+}
+
+/// A write's mark in its slot (ARCHITECTURE.md §8): the thread is writing
+/// the file, and Kfs does not hand its lease to another process until
+/// the write's last request. Cleared when dropped.
+struct WriteMark<'a> {
+    fs: &'a Inner,
+    slot: usize,
+}
+
+impl Drop for WriteMark<'_> {
+    fn drop(&mut self) {
+        self.fs.conn.clear_write(self.slot);
+    }
+}
+
+/// The first and the longest wait before asking again for a lease another
+/// process's write holds: its write ends within microseconds to
+/// milliseconds, and Kfs hands the lease over at its end (or, past a
+/// bound, takes it).
+const LEASE_RETRY_FIRST: std::time::Duration = std::time::Duration::from_micros(20);
+const LEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// True for Kfs's answer to a commit made under a lease this process no
+/// longer holds: the write is redone under the lease asked for again.
+fn lost_lease(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(Errno::ESTALE.get())
 }
 
 /// Where a file's pages lie in the region, as its reads found them: a
@@ -367,22 +400,50 @@ impl File {
         // allocation (nor a large clear) for those.
         let pages = ((buf.len() as u64).div_ceil(PAGE) + 1).min(READ_CHUNK);
         kucofs_common::scratch::with_words(to_len(pages), |entries| {
-            self.read_into(entries, buf, offset)
+            self.read_into(entries, buf, offset, || {})
+        })
+    }
+
+    /// [`File::read_at`] that runs `pause` once the map entries of each
+    /// chunk are loaded, before their pages are copied: for tests that
+    /// stop a reader inside its read section (ARCHITECTURE.md §9).
+    #[doc(hidden)]
+    pub fn debug_read_at_paused(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        pause: impl FnMut(),
+    ) -> io::Result<usize> {
+        if !self.read || self.kind == Kind::Dir {
+            return Err(err(Errno::EBADF));
+        }
+        let pages = ((buf.len() as u64).div_ceil(PAGE) + 1).min(READ_CHUNK);
+        kucofs_common::scratch::with_words(to_len(pages), |entries| {
+            self.read_into(entries, buf, offset, pause)
         })
     }
 
     /// [`File::read_at`], with room for `entries.len()` map entries at a
-    /// time.
-    fn read_into(&self, entries: &mut [u64], buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    /// time; `pause` runs between loading a chunk's entries and copying
+    /// its pages.
+    fn read_into(
+        &self,
+        entries: &mut [u64],
+        buf: &mut [u8],
+        offset: u64,
+        mut pause: impl FnMut(),
+    ) -> io::Result<usize> {
         let region = self.fs.region()?;
-        self.fs.with_index(|r| {
-            let mem = r.mem();
-            let mut done = 0usize;
-            while done < buf.len() {
-                let at = offset + done as u64;
-                // One chunk: the pages of up to READ_CHUNK, copied from one
-                // state of the map.
-                let copied = loop {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            // One chunk: the pages of up to READ_CHUNK, copied from one
+            // state of the map, in a read section of its own: a long read
+            // holds back reclamation (and nears eviction, ARCHITECTURE.md
+            // §9) for no longer than one chunk's copy.
+            let copied = self.fs.with_index(|r| -> io::Result<usize> {
+                let mem = r.mem();
+                Ok(loop {
                     let size = mem.load_u64(self.inode.size(), Ordering::Acquire);
                     if at >= size {
                         break 0;
@@ -408,6 +469,7 @@ impl File {
                     let map = MapReader::of_inode(mem, self.inode);
                     let snap = &mut entries[..to_len(n)];
                     load_entries(&map, first, snap);
+                    pause();
                     if snap[0] != 0 {
                         let next = Layout::after(layout, first, entry_page(snap[0]).get());
                         // Stored only when it changes: a contiguous file's
@@ -459,14 +521,14 @@ impl File {
                         }
                         break len;
                     }
-                };
-                if copied == 0 {
-                    break;
-                }
-                done += copied;
+                })
+            })??;
+            if copied == 0 {
+                break;
             }
-            Ok(done)
-        })?
+            done += copied;
+        }
+        Ok(done)
     }
 
     /// Writes all of `buf` at `offset` (durably) without moving the
@@ -487,37 +549,98 @@ impl File {
         let first = offset / PAGE;
         let last = (end - 1) / PAGE;
         let _g = self.lock.lock(first * PAGE, (last + 1) * PAGE);
-        self.write_locked(buf, offset)
+        let slot = self.fs.slot()?;
+        let _mark = self.begin_write(slot)?;
+        self.write_locked(slot, buf, offset, false)
+    }
+
+    /// Marks `slot` as writing this file, then makes sure this process
+    /// holds the file's write lease (ARCHITECTURE.md §8): from then on
+    /// the lease stays here until the write's last request (or a bound),
+    /// so what the write reads of the file (its size, old bytes) is what
+    /// it commits over.
+    fn begin_write(&self, slot: usize) -> io::Result<WriteMark<'_>> {
+        // Relaxed: a hint; Kfs checks the generation at the commit.
+        let lease = self.lease.load(Ordering::Relaxed);
+        self.fs.conn.mark_write(slot, self.ino.get(), lease);
+        let mark = WriteMark { fs: &self.fs, slot };
+        if lease == 0 {
+            self.renew_lease(slot)?;
+        }
+        Ok(mark)
+    }
+
+    /// Asks Kfs for the file's write lease (or its generation, if this
+    /// process holds it), again and again while another process writes the
+    /// file, and marks `slot` with it.
+    fn renew_lease(&self, slot: usize) -> io::Result<()> {
+        let ino = self.ino.get();
+        // Writing, under no lease yet: the reads of the write come after.
+        self.fs.conn.mark_write(slot, ino, 0);
+        let mut wait = LEASE_RETRY_FIRST;
+        loop {
+            match self.fs.call_as(slot, &Request::Lease { ino: self.ino }) {
+                Ok(r) => {
+                    let lease = r.into_size().map_err(err)?;
+                    self.lease.store(lease, Ordering::Relaxed);
+                    self.fs.conn.mark_write(slot, ino, lease);
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(Errno::EAGAIN.get()) => {
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(LEASE_RETRY_MAX);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Appends `buf` at the end of the file; returns the offset it was
     /// written at and the bytes written (fewer than `buf.len()` if the
     /// file system filled up part-way, as [`File::write_at`]).
     fn append(&self, buf: &[u8]) -> io::Result<(u64, usize)> {
+        let slot = self.fs.slot()?;
         loop {
             let size = self.size()?;
             let _g = self.lock.lock(size / PAGE * PAGE, u64::MAX);
-            // Another thread of this process may have appended meanwhile.
+            // Under the lease from here: no other process appends until
+            // this write's last request.
+            let _mark = self.begin_write(slot)?;
+            // Another thread, or process, may have appended meanwhile.
             if self.size()? != size {
                 continue;
             }
             size.checked_add(buf.len() as u64)
                 .filter(|&e| e <= MAX_FILE_SIZE)
                 .ok_or_else(|| err(Errno::EFBIG))?;
-            return Ok((size, self.write_locked(buf, size)?));
+            match self.write_locked(slot, buf, size, true) {
+                // The lease moved before anything was written: the end
+                // may have too.
+                Err(e) if lost_lease(&e) => self.lease.store(0, Ordering::Relaxed),
+                r => return Ok((size, r?)),
+            }
         }
     }
 
-    /// The copy-on-write of `buf` at `offset`; the caller holds the range
-    /// lock over the pages it touches. A write is committed a chunk at a
-    /// time: once one chunk is in the file, a failure of a later one ends
-    /// the write short (as POSIX `write` reports a partial write), and the
-    /// caller's next write gets the error.
-    fn write_locked(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+    /// The copy-on-write of `buf` at `offset` from `slot`; the caller
+    /// holds the range lock over the pages it touches, and the slot's
+    /// write mark. A write is committed a chunk at a time: once one chunk
+    /// is in the file, a failure of a later one ends the write short (as
+    /// POSIX `write` reports a partial write), and the caller's next
+    /// write gets the error. A chunk refused because the lease moved is
+    /// redone under the lease asked for again; if it is the first of an
+    /// append (`append`), the error goes to the caller, which finds the
+    /// end again.
+    fn write_locked(
+        &self,
+        slot: usize,
+        buf: &[u8],
+        offset: u64,
+        append: bool,
+    ) -> io::Result<usize> {
         let fs = &self.fs;
-        let slot = fs.slot()?;
         if let Some(staging) = fs.conn.staging() {
-            return self.write_staged(slot, staging, buf, offset);
+            return self.write_staged(slot, staging, buf, offset, append);
         }
         let end = offset + buf.len() as u64;
         let mut at = offset;
@@ -533,9 +656,21 @@ impl File {
             // Fewer pages than asked: this commit covers what they hold.
             let chunk_end = want_end.min((first + extents.pages()) * PAGE);
             let data = &buf[to_len(at - offset)..to_len(chunk_end - offset)];
+            if chunk_end == end {
+                fs.conn.mark_last(slot);
+            }
             if let Err(e) = self.write_chunk(slot, &extents, first, at, chunk_end, data) {
                 // Not in the file: the pages serve the next write.
                 fs.untake_pages(slot, &extents);
+                let e = match e {
+                    e if lost_lease(&e) && !(append && at == offset) => {
+                        match self.renew_lease(slot) {
+                            Ok(()) => continue,
+                            Err(e) => e,
+                        }
+                    }
+                    e => e,
+                };
                 if at > offset {
                     break;
                 }
@@ -556,6 +691,7 @@ impl File {
         staging: &kucofs_common::pm::Shm,
         buf: &[u8],
         offset: u64,
+        append: bool,
     ) -> io::Result<usize> {
         let mut done = 0;
         while done < buf.len() {
@@ -568,11 +704,29 @@ impl File {
                 offset: offset + done as u64,
                 len: u32::try_from(n).expect("a chunk is at most STAGE_BYTES"),
             };
-            match self.fs.call_as(slot, &req) {
-                Ok(_) => done += n,
-                Err(_) if done > 0 => break,
-                Err(e) => return Err(e),
+            if done + n == buf.len() {
+                self.fs.conn.mark_last(slot);
             }
+            let e = match self.fs.call_as(slot, &req) {
+                Ok(_) => {
+                    done += n;
+                    continue;
+                }
+                // Redone under the lease asked for again (the bytes are
+                // still in the staging area); not the start of an append,
+                // whose end may have moved.
+                Err(e) if lost_lease(&e) && !(append && done == 0) => {
+                    match self.renew_lease(slot) {
+                        Ok(()) => continue,
+                        Err(e) => e,
+                    }
+                }
+                Err(e) => e,
+            };
+            if done > 0 {
+                break;
+            }
+            return Err(e);
         }
         Ok(done)
     }
@@ -723,11 +877,19 @@ impl File {
         }
         let old = self.size()?;
         let _g = self.lock.lock(size.min(old) / PAGE * PAGE, u64::MAX);
-        self.fs.call_here(&Request::Truncate {
+        let slot = self.fs.slot()?;
+        let _mark = self.begin_write(slot)?;
+        let cut = Request::Truncate {
             ino: self.ino,
             size,
-        })?;
-        Ok(())
+        };
+        loop {
+            self.fs.conn.mark_last(slot);
+            match self.fs.call_as(slot, &cut) {
+                Err(e) if lost_lease(&e) => self.renew_lease(slot)?,
+                r => return r.map(|_| ()),
+            }
+        }
     }
 
     /// Every write is durable when it returns: nothing to do but report

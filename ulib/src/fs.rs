@@ -179,7 +179,9 @@ impl Inner {
 
     /// Runs `f` on the index inside a reader epoch, so that nothing it
     /// reaches is reused before it returns; `EOPNOTSUPP` for an isolated
-    /// client.
+    /// client. `ENOTCONN`, and `f`'s result dropped, if the daemon evicted
+    /// this client meanwhile (it held the epoch too long,
+    /// ARCHITECTURE.md §9).
     pub(crate) fn with_index<R>(
         self: &Arc<Self>,
         f: impl FnOnce(IndexReader<'_, ShmView>) -> R,
@@ -189,7 +191,7 @@ impl Inner {
         let r = IndexReader::new(index);
         self.conn.pin(slot, || r.epoch());
         let out = f(r);
-        self.conn.unpin(slot);
+        self.conn.unpin(slot).map_err(err)?;
         Ok(out)
     }
 

@@ -382,22 +382,40 @@ fn two_clients_one_writing(v: &mut Volume) -> (Caller, Answer) {
     (Caller { client: 1, ..ME }, f)
 }
 
-/// Write leases and pools belong to a client: a second client cannot open a
-/// leased file for writing, nor commit pages of another client's pool, and
-/// a client that goes away gives back its leases, its opens (dropping an
-/// unlinked file it kept) and its unused pool pages.
+/// Write leases and pools belong to a client: a second client may open a
+/// leased file for writing but not commit to it without the lease, nor
+/// commit pages of another client's pool, and a client that goes away
+/// gives back its leases, its opens (dropping an unlinked file it kept)
+/// and its unused pool pages.
 #[test]
 fn a_detached_client_loses_its_leases_opens_and_pools() {
     let (_dir, _, mut v) = volume();
     let (other, f) = two_clients_one_writing(&mut v);
-    assert_eq!(open_for_write(&mut v, other, "f").errno(), libc::ETXTBSY);
+    let truncating = Request::Open {
+        path: b"f",
+        flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::TRUNC,
+        mode: 0,
+        hint: None,
+    };
+    // Another client's write may be under way: no truncation at open.
+    assert_eq!(v.handle(&truncating, other).errno(), libc::ETXTBSY);
+    assert_eq!(open_for_write(&mut v, other, "f").errno(), 0);
     let free = v.pages().free_pages();
     let g = v.handle(&Request::Grant { pages: 8 }, ME);
     assert_eq!((g.errno(), g.value()), (0, 8));
     let commit = commit(f.ino(), 0, 10, g.page(), 1);
-    // Not the lease holder: refused; the holder: accepted.
-    assert_eq!(v.handle(&commit, other).errno(), libc::EBADF);
+    // Not the lease holder: refused (it may ask for the lease); the
+    // holder: accepted.
+    assert_eq!(v.handle(&commit, other).errno(), libc::ESTALE);
     assert_eq!(v.handle(&commit, ME).errno(), 0);
+    let close = Request::Close {
+        ino: f.ino(),
+        write: true,
+    };
+    assert_eq!(v.handle(&close, other).errno(), 0);
+    // Without a write open there is no lease to ask for.
+    let lease = Request::Lease { ino: f.ino() };
+    assert_eq!(v.handle(&lease, other).errno(), libc::EBADF);
     // Unlinked while open, the file stays until its opener goes.
     assert_eq!(
         v.handle(
@@ -421,6 +439,109 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
     assert_eq!(v.pages().free_pages(), free);
     let g2 = open_for_write(&mut v, other, "f");
     assert_eq!(g2.errno(), 0);
+    v.close().unwrap();
+}
+
+/// The lease moves between clients that write one file (ARCHITECTURE.md
+/// §8): at once when the holder is not writing; at the end of its write
+/// (the request its slot marks last) when it is; at once after the bound
+/// whatever it does. A commit made under a generation the lease no longer
+/// has is refused with `ESTALE`, and so is one of a client that lost it.
+#[test]
+fn leases_move_between_writers_at_the_ends_of_their_writes() {
+    use kucofs_common::channel::Segment;
+    let (_dir, _, mut v) = volume();
+    let (other, f) = two_clients_one_writing(&mut v);
+    let (mine, theirs) = (Segment::create().unwrap(), Segment::create().unwrap());
+    v.set_readers(std::sync::Arc::new(parking_lot::Mutex::new(vec![
+        (0, mine.map_again().unwrap()),
+        (1, theirs.map_again().unwrap()),
+    ])));
+    assert_eq!(open_for_write(&mut v, other, "f").errno(), 0);
+    let lease = Request::Lease { ino: f.ino() };
+    let ino = f.ino().get();
+    let grant = |v: &mut Volume, who| v.handle(&Request::Grant { pages: 4 }, who).page();
+    let (my_pages, their_pages) = (grant(&mut v, ME), grant(&mut v, other));
+    let mine_at = |p: u64| commit(f.ino(), 0, 10, my_pages + p, 1);
+    let theirs_at = |p: u64| commit(f.ino(), 0, 10, their_pages + p, 1);
+
+    // The holder (ME, since its open) is not writing: the lease moves.
+    let g1 = v.handle(&lease, other);
+    assert_eq!(g1.errno(), 0);
+    assert_eq!(v.handle(&mine_at(0), ME).errno(), libc::ESTALE);
+    // Asked again by the holder: the same generation.
+    assert_eq!(v.handle(&lease, other), g1);
+
+    // The other client writes (marked, not yet last): ME waits.
+    theirs.mark_write(0, ino, g1.value());
+    assert_eq!(v.handle(&lease, ME).errno(), libc::EAGAIN);
+    assert_eq!(v.handle(&theirs_at(0), other).errno(), 0);
+    assert_eq!(v.handle(&lease, ME).errno(), libc::EAGAIN);
+    // Its last request: the lease goes to ME as soon as it is applied.
+    theirs.mark_last(0);
+    assert_eq!(v.handle(&theirs_at(1), other).errno(), 0);
+    let g2 = v.handle(&lease, ME);
+    assert_eq!(g2.errno(), 0);
+    assert!(g2.value() > g1.value());
+    // The other client's next write, made under the old generation, is
+    // refused; ME's, under the new one, is applied.
+    theirs.mark_write(0, ino, g1.value());
+    assert_eq!(v.handle(&theirs_at(2), other).errno(), libc::ESTALE);
+    mine.mark_write(0, ino, g2.value());
+    assert_eq!(v.handle(&mine_at(1), ME).errno(), 0);
+    theirs.clear_write(0);
+
+    // ME stays marked as a stopped writer would: past the bound the lease
+    // is taken anyway, and ME's late commit is refused.
+    v.set_lease_wait(std::time::Duration::ZERO);
+    let g3 = v.handle(&lease, other);
+    assert_eq!(g3.errno(), 0);
+    assert!(g3.value() > g2.value());
+    assert_eq!(v.handle(&mine_at(2), ME).errno(), libc::ESTALE);
+    theirs.mark_write(0, ino, g3.value());
+    assert_eq!(v.handle(&theirs_at(3), other).errno(), 0);
+    v.close().unwrap();
+}
+
+/// A client whose thread holds a reader epoch past the bound is evicted
+/// (ARCHITECTURE.md §9): its segment says so before anything it may read
+/// is freed, reclamation stops waiting for it, the daemon is told to
+/// close its connection, and its requests fail with `ENOTCONN`; the
+/// other client is untouched.
+#[test]
+fn a_client_holding_its_reader_epoch_too_long_is_evicted() {
+    use kucofs_common::channel::Segment;
+    let (_dir, _, mut v) = volume();
+    let (other, _f) = two_clients_one_writing(&mut v);
+    let (mine, theirs) = (Segment::create().unwrap(), Segment::create().unwrap());
+    v.set_readers(std::sync::Arc::new(parking_lot::Mutex::new(vec![
+        (0, mine.map_again().unwrap()),
+        (1, theirs.map_again().unwrap()),
+    ])));
+    // Client 1 enters a read section and stays; then a file is made and
+    // removed, which retires index items it might be reading.
+    theirs.pin(5, || v.namespace().epoch());
+    assert_eq!(create(&mut v, "g", false).errno(), 0);
+    let unlink = Request::Unlink {
+        path: b"g",
+        rmdir: false,
+        hint: None,
+    };
+    assert_eq!(v.handle(&unlink, ME).errno(), 0);
+    // Without eviction, nothing is freed while it stays.
+    assert_eq!(v.reclaim_now(), 0);
+    assert_eq!(v.reclaim_now(), 0);
+    assert!(!theirs.evicted());
+    // With a bound (zero here: the first look is past it), it is evicted.
+    v.set_eviction(Some(std::time::Duration::ZERO));
+    assert!(v.reclaim_now() > 0);
+    assert!(theirs.evicted());
+    assert!(!mine.evicted());
+    assert_eq!(v.take_evicted(), vec![1]);
+    assert_eq!(v.take_evicted(), Vec::<u32>::new());
+    assert_eq!(v.handle(&Request::Ping, other).errno(), libc::ENOTCONN);
+    assert_eq!(create(&mut v, "h", false).errno(), 0);
+    v.detach_client(1).unwrap();
     v.close().unwrap();
 }
 
@@ -757,9 +878,16 @@ fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed
         write,
     };
     assert_eq!(v.handle(&close(false), ME).errno(), libc::EBADF);
-    assert_eq!(open_for_write(&mut v, other, "f").errno(), libc::ETXTBSY);
+    // ME keeps the lease: another client's truncating open is refused.
+    let truncating = Request::Open {
+        path: b"f",
+        flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::TRUNC,
+        mode: 0,
+        hint: None,
+    };
+    assert_eq!(v.handle(&truncating, other).errno(), libc::ETXTBSY);
     assert_eq!(v.handle(&close(true), ME).errno(), 0);
-    assert_eq!(open_for_write(&mut v, other, "f").errno(), 0);
+    assert_eq!(v.handle(&truncating, other).errno(), 0);
     v.close().unwrap();
 }
 
