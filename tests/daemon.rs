@@ -449,7 +449,7 @@ fn two_processes_see_each_others_changes_at_once() {
     // then checks every file of both.
     writeln!(to_child, "go").unwrap();
     for i in 0..200 {
-        let f = kucofs::File::create(&fs, &format!("shared/p-{i}")).unwrap();
+        let f = kucofs::File::create(&fs, format!("shared/p-{i}")).unwrap();
         write_all_at(&f, format!("parent {i}").as_bytes(), 0);
     }
     assert_eq!(hear(), "made 200");
@@ -498,7 +498,7 @@ fn share_child() {
     println!("{SAID}saw p1 p2, renamed p2 to c2, appended");
     wait();
     for i in 0..200 {
-        let f = kucofs::File::create(&fs, &format!("shared/c-{i}")).unwrap();
+        let f = kucofs::File::create(&fs, format!("shared/c-{i}")).unwrap();
         write_all_at(&f, format!("child {i}").as_bytes(), 0);
     }
     println!("{SAID}made 200");
