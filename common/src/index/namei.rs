@@ -158,6 +158,23 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
         self.resolve_gated(&AsCaller { creds, protected }, path, follow)
     }
 
+    /// Resolves the name `name` in directory `dir` as `creds` would,
+    /// following it if it is a symlink and `follow` (a relative target
+    /// from `dir`), as `openat(dir, name)` does: the checks of
+    /// [`IndexReader::resolve_as`] from `dir` on.
+    pub fn resolve_in_as(
+        &self,
+        dir: InodeOff,
+        name: &[u8],
+        follow: bool,
+        creds: &Creds,
+        protected: Protected,
+    ) -> Result<InodeOff, Errno> {
+        let gate = AsCaller { creds, protected };
+        let mut links = 0;
+        self.walk(&gate, dir, name, follow, true, &mut links)
+    }
+
     /// Resolves every component of `path` but the last, which it returns.
     pub fn resolve_parent<'p>(&self, path: &'p [u8]) -> Result<Parent<'p>, Errno> {
         self.resolve_parent_gated(&Unchecked, path)

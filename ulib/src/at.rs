@@ -1,0 +1,281 @@
+//! Changes and opens by node (ARCHITECTURE.md §6, "addressed by node"):
+//! what a FUSE adapter needs, whose operations name a directory's inode
+//! and a name, or an inode, never a path. Each method is the node form of
+//! a path method of [`Fs`] or [`OpenOptions`] and meets the same checks in
+//! Kfs; a [`Node`] names an inode by number, offset and generation, and
+//! one that is gone or was reused is refused with `ESTALE` in every mode
+//! (embedded, trusted and isolated daemon clients alike). Kfs lets a
+//! caller name a directory it could reach by path (it may search every
+//! directory above it) and a non-directory only while it has it open,
+//! unless it is root. Modes are used as given: a FUSE adapter receives
+//! them with the caller's umask applied already.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use kucofs_common::index::layout::TAG_INODE;
+use kucofs_common::proto::{At, Entry, Node, OpenAt, Request, SetAttrs};
+use kucofs_common::Errno;
+
+use crate::file::{File, OpenOptions};
+use crate::fs::{err, times, Fs, SetTime};
+use crate::metadata::Metadata;
+
+/// Attributes [`Fs::set_attrs_of`] changes, each left as it is by
+/// default: what a FUSE `setattr` asks for, its size apart (which takes
+/// an open file, [`File::set_len`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewAttrs {
+    /// Permission bits (`chmod`).
+    pub mode: Option<u32>,
+    /// Owner.
+    pub uid: Option<u32>,
+    /// Group.
+    pub gid: Option<u32>,
+    /// Access time.
+    pub accessed: SetTime,
+    /// Modification time.
+    pub modified: SetTime,
+}
+
+impl Default for NewAttrs {
+    fn default() -> NewAttrs {
+        NewAttrs {
+            mode: None,
+            uid: None,
+            gid: None,
+            accessed: SetTime::Omit,
+            modified: SetTime::Omit,
+        }
+    }
+}
+
+impl Metadata {
+    /// The node this metadata was read from: how the `_at` and `_of`
+    /// methods of [`Fs`] name it.
+    pub fn node(&self) -> Node {
+        Node {
+            ino: self.0.ino,
+            inode: self.0.offset,
+            gen: self.0.gen,
+        }
+    }
+}
+
+fn entry<'a>(dir: Node, name: &'a OsStr) -> Entry<'a> {
+    Entry::In {
+        dir,
+        name: name.as_bytes(),
+    }
+}
+
+impl Fs {
+    /// Sends a change by node from this thread's slot (no hint: Kfs
+    /// searches the directory itself).
+    fn change_by_node(&self, req: &Request<'_>) -> io::Result<kucofs_common::proto::Reply> {
+        self.inner().call_here(req)
+    }
+
+    fn create_at(&self, dir: Node, name: &OsStr, mode: u32, target: &[u8]) -> io::Result<Node> {
+        self.change_by_node(&Request::Create {
+            at: entry(dir, name),
+            mode,
+            target,
+            hint: None,
+        })?
+        .into_node()
+        .map_err(err)
+    }
+
+    /// The metadata of `node` (FUSE `getattr`).
+    pub fn metadata_of(&self, node: Node) -> io::Result<Metadata> {
+        let inner = self.inner();
+        if inner.isolated() {
+            return inner.stat_of(At::Node(node)).map(Metadata);
+        }
+        inner
+            .with_index(|r| {
+                let live = r.is_live(node.inode.get(), TAG_INODE, Some(node.gen))
+                    && r.ino(node.inode) == node.ino;
+                if !live {
+                    return Err(Errno::ESTALE);
+                }
+                r.attr(node.inode).ok_or(Errno::ESTALE)
+            })?
+            .map(Metadata)
+            .map_err(err)
+    }
+
+    /// The metadata of the entry `name` in directory `dir` (FUSE
+    /// `lookup`), not following a symlink.
+    pub fn lookup_at(&self, dir: Node, name: impl AsRef<OsStr>) -> io::Result<Metadata> {
+        let name = name.as_ref().as_bytes();
+        let inner = self.inner();
+        if inner.isolated() {
+            return inner
+                .call_here(&Request::Lookup { dir, name })?
+                .into_attr()
+                .map(Metadata)
+                .map_err(err);
+        }
+        inner
+            .with_index(|r| {
+                let live = r.is_live(dir.inode.get(), TAG_INODE, Some(dir.gen))
+                    && r.ino(dir.inode) == dir.ino;
+                if !live {
+                    return Err(Errno::ESTALE);
+                }
+                kucofs_common::index::check_name(name)?;
+                let e = r.lookup(dir.inode, name);
+                if e.is_null() {
+                    return Err(Errno::ENOENT);
+                }
+                r.attr(r.dirent_inode(e)).ok_or(Errno::ENOENT)
+            })?
+            .map(Metadata)
+            .map_err(err)
+    }
+
+    /// Creates the empty regular file `name` in `dir` with permission
+    /// bits `mode` (FUSE `mknod` of a regular file): [`Fs::create_file`]
+    /// by node.
+    pub fn create_file_at(
+        &self,
+        dir: Node,
+        name: impl AsRef<OsStr>,
+        mode: u32,
+    ) -> io::Result<Node> {
+        self.create_at(dir, name.as_ref(), libc::S_IFREG | (mode & 0o7777), b"")
+    }
+
+    /// Creates the directory `name` in `dir` (FUSE `mkdir`):
+    /// [`Fs::create_dir`] by node.
+    pub fn create_dir_at(&self, dir: Node, name: impl AsRef<OsStr>, mode: u32) -> io::Result<Node> {
+        self.create_at(dir, name.as_ref(), libc::S_IFDIR | (mode & 0o7777), b"")
+    }
+
+    /// Creates the symlink `name` in `dir` pointing at `target` (FUSE
+    /// `symlink`): [`Fs::symlink`] by node.
+    pub fn symlink_at(
+        &self,
+        target: impl AsRef<Path>,
+        dir: Node,
+        name: impl AsRef<OsStr>,
+    ) -> io::Result<Node> {
+        let target = target.as_ref().as_os_str().as_bytes();
+        self.create_at(dir, name.as_ref(), libc::S_IFLNK | 0o777, target)
+    }
+
+    /// Makes `name` in `dir` a new name for `node` (FUSE `link`):
+    /// [`Fs::hard_link`] by node.
+    pub fn hard_link_at(&self, node: Node, dir: Node, name: impl AsRef<OsStr>) -> io::Result<Node> {
+        self.change_by_node(&Request::Link {
+            from: At::Node(node),
+            to: entry(dir, name.as_ref()),
+            hint: None,
+        })?
+        .into_node()
+        .map_err(err)
+    }
+
+    fn unlink_at(&self, dir: Node, name: &OsStr, rmdir: bool) -> io::Result<()> {
+        self.change_by_node(&Request::Unlink {
+            at: entry(dir, name),
+            rmdir,
+            hint: None,
+        })
+        .map(drop)
+    }
+
+    /// Removes the non-directory `name` from `dir` (FUSE `unlink`):
+    /// [`Fs::remove_file`] by node.
+    pub fn remove_file_at(&self, dir: Node, name: impl AsRef<OsStr>) -> io::Result<()> {
+        self.unlink_at(dir, name.as_ref(), false)
+    }
+
+    /// Removes the empty directory `name` from `dir` (FUSE `rmdir`):
+    /// [`Fs::remove_dir`] by node.
+    pub fn remove_dir_at(&self, dir: Node, name: impl AsRef<OsStr>) -> io::Result<()> {
+        self.unlink_at(dir, name.as_ref(), true)
+    }
+
+    /// Renames `name` in `dir` to `new_name` in `new_dir` (FUSE
+    /// `rename`), replacing what is there unless `noreplace`
+    /// (`RENAME_NOREPLACE`: then `EEXIST`): [`Fs::rename`] and
+    /// [`Fs::rename_noreplace`] by node.
+    pub fn rename_at(
+        &self,
+        dir: Node,
+        name: impl AsRef<OsStr>,
+        new_dir: Node,
+        new_name: impl AsRef<OsStr>,
+        noreplace: bool,
+    ) -> io::Result<()> {
+        self.change_by_node(&Request::Rename {
+            from: entry(dir, name.as_ref()),
+            to: entry(new_dir, new_name.as_ref()),
+            noreplace,
+            hint_from: None,
+            hint_to: None,
+        })
+        .map(drop)
+    }
+
+    /// Changes the attributes of `node` as `attrs` says (FUSE `setattr`
+    /// but its size), with the rules of [`Fs::set_permissions`],
+    /// [`Fs::chown`] and [`Fs::utimens`]; one request, so nothing at all
+    /// changes if any part is refused. Changing nothing does nothing.
+    pub fn set_attrs_of(&self, node: Node, attrs: &NewAttrs) -> io::Result<()> {
+        let (times, now) = times(attrs.accessed, attrs.modified)?;
+        let set = SetAttrs {
+            mode: attrs.mode,
+            uid: attrs.uid,
+            gid: attrs.gid,
+            ..times
+        };
+        if set == SetAttrs::default() && now == Default::default() {
+            return Ok(());
+        }
+        self.change_by_node(&Request::SetAttr {
+            at: At::Node(node),
+            attrs: set,
+            now,
+        })
+        .map(drop)
+    }
+}
+
+impl OpenOptions {
+    /// Opens the entry `name` in `dir` with these options, creating it if
+    /// they ask with their [`mode`](OpenOptions::mode) as given (FUSE
+    /// `create`): [`OpenOptions::open`] by node.
+    pub fn open_at(&self, fs: &Fs, dir: Node, name: impl AsRef<OsStr>) -> io::Result<File> {
+        let at = OpenAt::Entry(entry(dir, name.as_ref()));
+        let mode = self.mode_bits();
+        self.open_as(fs, |flags| {
+            fs.inner().call_here(&Request::Open {
+                at,
+                flags,
+                mode,
+                hint: None,
+            })
+        })
+    }
+
+    /// Opens `node` with these options (FUSE `open`); creating makes no
+    /// sense here, and truncating works as by path. The caller must be
+    /// root or have the file open already (a directory: be able to reach
+    /// it), as the module says.
+    pub fn open_node(&self, fs: &Fs, node: Node) -> io::Result<File> {
+        self.open_as(fs, |flags| {
+            fs.inner().call_here(&Request::Open {
+                at: OpenAt::Node(node),
+                flags,
+                mode: 0,
+                hint: None,
+            })
+        })
+    }
+}
