@@ -72,17 +72,29 @@ struct Served {
     daemon: Daemon,
 }
 
+/// Held while this process has an image open embedded (which maps the
+/// image and its index so that they can be made writable) and while a
+/// test checks that no mapping of them can: the tests of this binary run
+/// in parallel in one process.
+static EMBEDDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn embedded() -> std::sync::MutexGuard<'static, ()> {
+    EMBEDDED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn serve(prefix: &str) -> Option<Served> {
     let dir = support::shm_dir(prefix)?;
     let image = dir.path().join("fs.img");
     let socket = dir.path().join("kfs.sock");
     // Made and filled in this process, then handed to the daemon.
+    let in_process = embedded();
     let fs = Fs::create(&image, 64 << 20).unwrap();
     fs.create_dir_all("docs/old").unwrap();
     let mut f = kucofs::File::create(&fs, "docs/hello").unwrap();
     f.write_all(b"hello from before the daemon").unwrap();
     drop(f);
     fs.close().unwrap();
+    drop(in_process);
     let daemon = Daemon::start(&image, &socket);
     Some(Served {
         _dir: dir,
@@ -178,6 +190,7 @@ fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
     // Everything is in the image, which is clean.
     let report = kucofs_kfs::fsck(&image).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let _in_process = embedded();
     let fs = Fs::open(&image).unwrap();
     assert!(fs.metadata("x/g").unwrap().is_file());
     assert!(fs.exists("docs/old"));
@@ -236,6 +249,7 @@ fn a_client_asks_the_daemon_for_statfs() {
     let (status, said) = s.daemon.stop();
     assert!(status.success(), "daemon exited {status:?}: {said}");
     // The daemon counted as Kfs in this process counts.
+    let _in_process = embedded();
     let fs = Fs::open(&image).unwrap();
     assert_eq!(fs.statfs().unwrap(), written);
     fs.close().unwrap();
@@ -251,6 +265,7 @@ fn a_client_gets_nothing_it_could_map_writable_but_its_own_segment() {
     assert!(fs.metadata("docs/hello").unwrap().is_file());
     // Every mapping of the image and of the index in this process is
     // read-only, and cannot be made writable.
+    let _no_embedded = embedded();
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let mut tried = 0;
     for line in maps.lines() {
@@ -339,6 +354,7 @@ fn a_dead_daemon_is_enotconn_for_its_clients_not_a_hang() {
     drop(fs);
     drop(s.daemon);
     // The image recovers: what was acknowledged is there.
+    let _in_process = embedded();
     let fs = Fs::open(&image).unwrap();
     assert!(fs.metadata("before").unwrap().is_file());
     fs.close().unwrap();

@@ -78,10 +78,14 @@ fn chmod(v: &mut Volume, at: At<'_>, mode: u32, who: Caller) -> Result<Reply, Er
     )
 }
 
+/// A name and what it names: path, inode number, kind, mode, owner, link
+/// count, size, symlink target.
+type Named = (Vec<u8>, Ino, u8, u32, u32, u32, u64, Vec<u8>);
+
 /// Every name in the volume with what it names, depth first: the tree
 /// two volumes are compared by (inode numbers included: both allocate
 /// them in the same order).
-fn tree(v: &Volume) -> Vec<(Vec<u8>, Ino, u8, u32, u32, u32, u64, Vec<u8>)> {
+fn tree(v: &Volume) -> Vec<Named> {
     let r = v.ns.reader();
     let mut out = Vec::new();
     let mut todo: Vec<(Vec<u8>, InodeOff)> = vec![(Vec::new(), r.root())];
