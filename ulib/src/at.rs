@@ -16,7 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use kucofs_common::index::layout::TAG_INODE;
-use kucofs_common::proto::{At, Entry, Node, OpenAt, Request, SetAttrs};
+use kucofs_common::proto::{At, Entry, Hint, Node, OpenAt, Reply, Request, SetAttrs};
 use kucofs_common::Errno;
 
 use crate::file::{File, OpenOptions};
@@ -74,16 +74,38 @@ fn entry<'a>(dir: Node, name: &'a OsStr) -> Entry<'a> {
 impl Fs {
     /// Sends a change by node from this thread's slot (no hint: Kfs
     /// searches the directory itself).
-    fn change_by_node(&self, req: &Request<'_>) -> io::Result<kucofs_common::proto::Reply> {
+    fn change_by_node(&self, req: &Request<'_>) -> io::Result<Reply> {
         self.inner().call_here(req)
     }
 
+    /// Sends a change of the entry `name` in `dir`: applied directly, or
+    /// else queued with the addresses found in `dir` if collaborative
+    /// indexing is on (as [`Fs::change`] does for a path).
+    fn change_in<'p>(
+        &self,
+        dir: Node,
+        name: &[u8],
+        make: impl Fn(Option<Hint>) -> Request<'p>,
+    ) -> io::Result<Reply> {
+        let inner = self.inner();
+        let slot = inner.slot()?;
+        if let Some(r) = inner.conn.try_direct(slot, &make(None)) {
+            return r;
+        }
+        let hint = if inner.config.collaborative && !inner.isolated() {
+            inner.with_index(|r| r.locate_in(dir.inode, name))?
+        } else {
+            None
+        };
+        inner.conn.queue(slot, &make(hint))
+    }
+
     fn create_at(&self, dir: Node, name: &OsStr, mode: u32, target: &[u8]) -> io::Result<Node> {
-        self.change_by_node(&Request::Create {
+        self.change_in(dir, name.as_bytes(), |hint| Request::Create {
             at: entry(dir, name),
             mode,
             target,
-            hint: None,
+            hint,
         })?
         .into_node()
         .map_err(err)
@@ -171,20 +193,21 @@ impl Fs {
     /// Makes `name` in `dir` a new name for `node` (FUSE `link`):
     /// [`Fs::hard_link`] by node.
     pub fn hard_link_at(&self, node: Node, dir: Node, name: impl AsRef<OsStr>) -> io::Result<Node> {
-        self.change_by_node(&Request::Link {
+        let name = name.as_ref();
+        self.change_in(dir, name.as_bytes(), |hint| Request::Link {
             from: At::Node(node),
-            to: entry(dir, name.as_ref()),
-            hint: None,
+            to: entry(dir, name),
+            hint,
         })?
         .into_node()
         .map_err(err)
     }
 
     fn unlink_at(&self, dir: Node, name: &OsStr, rmdir: bool) -> io::Result<()> {
-        self.change_by_node(&Request::Unlink {
+        self.change_in(dir, name.as_bytes(), |hint| Request::Unlink {
             at: entry(dir, name),
             rmdir,
-            hint: None,
+            hint,
         })
         .map(drop)
     }
@@ -213,14 +236,30 @@ impl Fs {
         new_name: impl AsRef<OsStr>,
         noreplace: bool,
     ) -> io::Result<()> {
-        self.change_by_node(&Request::Rename {
-            from: entry(dir, name.as_ref()),
-            to: entry(new_dir, new_name.as_ref()),
+        let (name, new_name) = (name.as_ref(), new_name.as_ref());
+        let make = |hint_from, hint_to| Request::Rename {
+            from: entry(dir, name),
+            to: entry(new_dir, new_name),
             noreplace,
-            hint_from: None,
-            hint_to: None,
-        })
-        .map(drop)
+            hint_from,
+            hint_to,
+        };
+        let inner = self.inner();
+        let slot = inner.slot()?;
+        if let Some(r) = inner.conn.try_direct(slot, &make(None, None)) {
+            return r.map(drop);
+        }
+        let (from, to) = if inner.config.collaborative && !inner.isolated() {
+            inner.with_index(|r| {
+                (
+                    r.locate_in(dir.inode, name.as_bytes()),
+                    r.locate_in(new_dir.inode, new_name.as_bytes()),
+                )
+            })?
+        } else {
+            (None, None)
+        };
+        inner.conn.queue(slot, &make(from, to)).map(drop)
     }
 
     /// Changes the attributes of `node` as `attrs` says (FUSE `setattr`
@@ -252,14 +291,15 @@ impl OpenOptions {
     /// they ask with their [`mode`](OpenOptions::mode) as given (FUSE
     /// `create`): [`OpenOptions::open`] by node.
     pub fn open_at(&self, fs: &Fs, dir: Node, name: impl AsRef<OsStr>) -> io::Result<File> {
-        let at = OpenAt::Entry(entry(dir, name.as_ref()));
+        let name = name.as_ref();
+        let at = OpenAt::Entry(entry(dir, name));
         let mode = self.mode_bits();
         self.open_as(fs, |flags| {
-            fs.inner().call_here(&Request::Open {
+            fs.change_in(dir, name.as_bytes(), |hint| Request::Open {
                 at,
                 flags,
                 mode,
-                hint: None,
+                hint,
             })
         })
     }
@@ -277,5 +317,91 @@ impl OpenOptions {
                 hint: None,
             })
         })
+    }
+}
+
+#[cfg(all(test, feature = "embedded"))]
+mod tests {
+    use super::*;
+    use crate::fs::Config;
+
+    fn code(e: io::Error) -> Option<i32> {
+        e.raw_os_error()
+    }
+
+    /// The node forms in embedded mode, applied directly and queued with
+    /// the hints Ulib finds in the directory a node names: each leaves
+    /// what its path form would, and a node that is gone is `ESTALE`.
+    #[test]
+    fn changes_by_node_in_embedded_mode_direct_and_queued() {
+        for direct in [true, false] {
+            let dir = tempfile::Builder::new()
+                .prefix("kucofs-at-")
+                .tempdir_in("/dev/shm")
+                .unwrap();
+            let image = dir.path().join("fs.img");
+            Fs::create(&image, 64 << 20).unwrap().close().unwrap();
+            let config = Config {
+                direct,
+                collaborative: true,
+                ..Config::default()
+            };
+            let fs = Fs::open_with(&image, config).unwrap();
+            let root = fs.metadata("/").unwrap().node();
+            let d = fs.create_dir_at(root, "d", 0o750).unwrap();
+            let m = fs.metadata("d").unwrap();
+            assert_eq!((m.node(), m.permissions().mode() & 0o7777), (d, 0o750));
+            let f = fs.create_file_at(d, "f", 0o640).unwrap();
+            assert_eq!(fs.lookup_at(d, "f").unwrap().node(), f);
+            // The hint a queued change by node carries: the entry found
+            // in the directory; none for a node that is no directory.
+            let locate = |n: Node| fs.inner().with_index(|r| r.locate_in(n.inode, b"f"));
+            let hint = locate(d).unwrap().unwrap();
+            assert_eq!((hint.dir, hint.dir_gen), (d.inode, d.gen));
+            assert!(!hint.found.is_null());
+            assert_eq!(locate(f).unwrap(), None);
+            let again = fs.create_file_at(d, "f", 0o640).unwrap_err();
+            assert_eq!(code(again), Some(libc::EEXIST));
+            fs.hard_link_at(f, root, "g").unwrap();
+            fs.rename_at(root, "g", d, "h", false).unwrap();
+            assert_eq!(fs.metadata("d/h").unwrap().node(), f);
+            assert_eq!(fs.metadata_of(f).unwrap().nlink(), 2);
+            let attrs = NewAttrs {
+                mode: Some(0o600),
+                accessed: SetTime::Now,
+                modified: SetTime::Now,
+                ..NewAttrs::default()
+            };
+            fs.set_attrs_of(f, &attrs).unwrap();
+            assert_eq!(
+                fs.metadata("d/f").unwrap().permissions().mode() & 0o7777,
+                0o600
+            );
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .mode(0o644)
+                .open_at(&fs, d, "o")
+                .unwrap();
+            io::Write::write_all(&mut file, b"by node").unwrap();
+            drop(file);
+            assert_eq!(fs.metadata("d/o").unwrap().len(), 7);
+            fs.remove_file_at(d, "f").unwrap();
+            fs.remove_file_at(d, "h").unwrap();
+            let gone = fs.remove_file_at(d, "h").unwrap_err();
+            assert_eq!(code(gone), Some(libc::ENOENT));
+            fs.remove_file_at(d, "o").unwrap();
+            fs.remove_dir_at(root, "d").unwrap();
+            assert!(!fs.exists("d"));
+            for r in [
+                fs.create_file_at(d, "x", 0o644).map(drop),
+                fs.metadata_of(f).map(drop),
+                fs.set_attrs_of(f, &attrs),
+                OpenOptions::new().read(true).open_node(&fs, f).map(drop),
+            ] {
+                assert_eq!(r.map_err(code), Err(Some(libc::ESTALE)), "direct {direct}");
+            }
+            fs.close().unwrap();
+        }
     }
 }

@@ -259,18 +259,28 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
     /// exists. `None` if the parent does not resolve or the last component
     /// is not a name.
     pub fn locate(&self, path: &[u8]) -> Option<crate::proto::Hint> {
-        use super::layout::header_gen;
         let p = self.resolve_parent(path).ok()?;
         let Last::Name(name) = p.last else {
             return None;
         };
-        if name.len() > NAME_MAX {
+        self.locate_in(p.dir, name)
+    }
+
+    /// [`IndexReader::locate`] for the name `name` in directory `dir`
+    /// (a change addressed by node); `None` unless `dir` is a live
+    /// directory's inode and `name` could be an entry's.
+    pub fn locate_in(&self, dir: InodeOff, name: &[u8]) -> Option<crate::proto::Hint> {
+        use super::layout::{header_gen, TAG_INODE};
+        if !self.is_live(dir.get(), TAG_INODE, None) || self.kind(dir) != Some(Kind::Dir) {
             return None;
         }
-        let s = self.search(p.dir, super::name_hash(name), name);
+        if name.is_empty() || name.len() > NAME_MAX {
+            return None;
+        }
+        let s = self.search(dir, super::name_hash(name), name);
         Some(crate::proto::Hint {
-            dir: p.dir,
-            dir_gen: header_gen(self.header(p.dir.get())),
+            dir,
+            dir_gen: header_gen(self.header(dir.get())),
             pred: s.pred,
             found: s.found,
             found_gen: if !s.found.is_null() {
