@@ -1751,6 +1751,52 @@ mod tests {
         assert_eq!(req.encode(&mut buf), Err(Errno::ENAMETOOLONG));
     }
 
+    #[test]
+    fn the_largest_requests_by_path_or_node_fit_a_slot() {
+        let long = vec![b'a'; STRING_MAX];
+        let hint = Some(Hint::default());
+        let n = Node::default();
+        let mut buf = Vec::new();
+        for (from, to) in [
+            (Entry::Path(&long), Entry::Path(&long)),
+            (
+                Entry::In {
+                    dir: n,
+                    name: &long,
+                },
+                Entry::In {
+                    dir: n,
+                    name: &long,
+                },
+            ),
+        ] {
+            let rename = Request::Rename {
+                from,
+                to,
+                noreplace: false,
+                hint_from: hint,
+                hint_to: hint,
+            };
+            assert!(rename.encode(&mut buf).unwrap() <= REQUEST_MAX);
+            let link = Request::Link {
+                from: At::Path {
+                    path: &long,
+                    follow: true,
+                },
+                to,
+                hint,
+            };
+            assert!(link.encode(&mut buf).unwrap() <= REQUEST_MAX);
+            let create = Request::Create {
+                at: from,
+                mode: 0,
+                target: &long,
+                hint,
+            };
+            assert!(create.encode(&mut buf).unwrap() <= REQUEST_MAX);
+        }
+    }
+
     fn node() -> impl Strategy<Value = Node> {
         (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(ino, inode, gen)| Node {
             ino: Ino::new(ino),

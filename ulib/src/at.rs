@@ -8,7 +8,9 @@
 //! caller name a directory it could reach by path (it may search every
 //! directory above it) and a non-directory only while it has it open,
 //! unless it is root. Modes are used as given: a FUSE adapter receives
-//! them with the caller's umask applied already.
+//! them with the caller's umask applied already. Queued changes of an
+//! entry carry the addresses Ulib finds in the directory's index
+//! (collaborative indexing), as path changes do.
 
 use std::ffi::OsStr;
 use std::io;

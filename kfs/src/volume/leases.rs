@@ -41,6 +41,8 @@ impl Volume {
             }
             Ok(inode) => inode,
             Err(Errno::ENOENT) if flags & open::CREATE != 0 => {
+                // A node is found or stale, never missing: only an
+                // entry is created.
                 let OpenAt::Entry(at) = at else {
                     return Err(Errno::EIO);
                 };
