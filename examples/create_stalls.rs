@@ -24,7 +24,7 @@
 
 use std::time::{Duration, Instant};
 
-use kucofs_common::proto::{Creds, Request};
+use kucofs_common::proto::{Creds, Entry, Request};
 use kucofs_kfs::namespace::Namespace;
 use kucofs_kfs::server::IDLE_GROW_STEP;
 
@@ -105,7 +105,7 @@ fn in_the_index(n: u64) {
     let root = Creds::default();
     let mut ns = Namespace::new(root, 1).expect("a namespace");
     let mkdir = Request::Create {
-        path: b"d",
+        at: Entry::Path(b"d"),
         mode: libc::S_IFDIR | 0o755,
         target: b"",
         hint: None,
@@ -114,7 +114,7 @@ fn in_the_index(n: u64) {
     time_creates(n, |i| {
         let path = format!("d/f{i}");
         let create = Request::Create {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             mode: libc::S_IFREG | 0o644,
             target: b"",
             hint: None,

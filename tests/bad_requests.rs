@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 use kucofs_common::channel::{Doorbell, Segment};
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{name_hash, DirentOff, IndexReader, InodeOff};
-use kucofs_common::proto::{Creds, Hint, Reply, Request};
+use kucofs_common::proto::{Creds, Entry, Hint, Reply, Request};
 use kucofs_common::Errno;
 use kucofs_kfs::{Client, Kfs, ServerConfig, Volume};
 
 fn create<'a>(path: &'a [u8], hint: Option<Hint>) -> Request<'a> {
     Request::Create {
-        path,
+        at: Entry::Path(path),
         mode: libc::S_IFREG | 0o644,
         target: b"",
         hint,
@@ -58,7 +58,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
     call(
         0,
         &Request::Create {
-            path: b"d",
+            at: Entry::Path(b"d"),
             mode: libc::S_IFDIR | 0o755,
             target: b"",
             hint: None,
@@ -89,7 +89,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
     call(
         0,
         &Request::Unlink {
-            path: b"d/f7",
+            at: Entry::Path(b"d/f7"),
             rmdir: false,
             hint: None,
         },
@@ -122,7 +122,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
                 call(
                     1,
                     &Request::Unlink {
-                        path: p.as_bytes(),
+                        at: Entry::Path(p.as_bytes()),
                         rmdir: false,
                         hint: None,
                     },
@@ -232,7 +232,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
                 call(
                     0,
                     &Request::Unlink {
-                        path: b"d/f7",
+                        at: Entry::Path(b"d/f7"),
                         rmdir: false,
                         hint: Some(h)
                     }
@@ -269,7 +269,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
             call(
                 0,
                 &Request::Create {
-                    path: b"d/m",
+                    at: Entry::Path(b"d/m"),
                     mode: 0o170777,
                     target: b"",
                     hint: None
@@ -282,7 +282,7 @@ fn forged_addresses_and_bad_names_never_hurt_kfs_or_other_clients() {
             call(
                 0,
                 &Request::Create {
-                    path: b"d/l",
+                    at: Entry::Path(b"d/l"),
                     mode: libc::S_IFLNK | 0o777,
                     target: b"",
                     hint: None

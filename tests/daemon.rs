@@ -72,17 +72,29 @@ struct Served {
     daemon: Daemon,
 }
 
+/// Held while this process has an image open embedded (which maps the
+/// image and its index so that they can be made writable) and while a
+/// test checks that no mapping of them can: the tests of this binary run
+/// in parallel in one process.
+static EMBEDDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn embedded() -> std::sync::MutexGuard<'static, ()> {
+    EMBEDDED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn serve(prefix: &str) -> Option<Served> {
     let dir = support::shm_dir(prefix)?;
     let image = dir.path().join("fs.img");
     let socket = dir.path().join("kfs.sock");
     // Made and filled in this process, then handed to the daemon.
+    let in_process = embedded();
     let fs = Fs::create(&image, 64 << 20).unwrap();
     fs.create_dir_all("docs/old").unwrap();
     let mut f = kucofs::File::create(&fs, "docs/hello").unwrap();
     f.write_all(b"hello from before the daemon").unwrap();
     drop(f);
     fs.close().unwrap();
+    drop(in_process);
     let daemon = Daemon::start(&image, &socket);
     Some(Served {
         _dir: dir,
@@ -178,6 +190,7 @@ fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
     // Everything is in the image, which is clean.
     let report = kucofs_kfs::fsck(&image).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let _in_process = embedded();
     let fs = Fs::open(&image).unwrap();
     assert!(fs.metadata("x/g").unwrap().is_file());
     assert!(fs.exists("docs/old"));
@@ -236,6 +249,7 @@ fn a_client_asks_the_daemon_for_statfs() {
     let (status, said) = s.daemon.stop();
     assert!(status.success(), "daemon exited {status:?}: {said}");
     // The daemon counted as Kfs in this process counts.
+    let _in_process = embedded();
     let fs = Fs::open(&image).unwrap();
     assert_eq!(fs.statfs().unwrap(), written);
     fs.close().unwrap();
@@ -251,6 +265,7 @@ fn a_client_gets_nothing_it_could_map_writable_but_its_own_segment() {
     assert!(fs.metadata("docs/hello").unwrap().is_file());
     // Every mapping of the image and of the index in this process is
     // read-only, and cannot be made writable.
+    let _no_embedded = embedded();
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let mut tried = 0;
     for line in maps.lines() {
@@ -340,6 +355,7 @@ fn a_dead_daemon_is_enotconn_for_its_clients_not_a_hang() {
     drop(fs);
     drop(s.daemon);
     // The image recovers: what was acknowledged is there.
+    let _in_process = embedded();
     let fs = Fs::open(&image).unwrap();
     assert!(fs.metadata("before").unwrap().is_file());
     fs.close().unwrap();
@@ -507,5 +523,134 @@ fn share_child() {
         assert_eq!(text(&fs, &format!("shared/p-{i}")), format!("parent {i}"));
     }
     println!("{SAID}saw 200");
+    fs.close().unwrap();
+}
+
+/// Where the child of `a_client_changes_the_file_system_by_node` finds
+/// the daemon's socket.
+const ENV_NODE_SOCKET: &str = "KUCOFS_NODE_SOCKET";
+/// The user that child runs as.
+const NODE_USER: u32 = 4242;
+
+/// Creates, writes, renames, links, changes and removes by node in
+/// directory `dir` (which the caller may write), as a FUSE adapter
+/// would, checking each step by path; `tag` names what it leaves behind,
+/// a file `<dir>/<tag>` of mode 0600 holding `tag`.
+fn changes_by_node(fs: &Fs, dir: &str, tag: &str) {
+    use kucofs::{NewAttrs, SetTime};
+    let stale = |r: std::io::Result<()>| r.unwrap_err().raw_os_error() == Some(libc::ESTALE);
+    let d = fs.metadata(dir).unwrap().node();
+    let a = fs.create_dir_at(d, "a", 0o755).unwrap();
+    assert_eq!(fs.metadata(format!("{dir}/a")).unwrap().node(), a);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open_at(fs, a, "f")
+        .unwrap();
+    write_all_at(&f, tag.as_bytes(), 0);
+    let file = fs.lookup_at(a, "f").unwrap();
+    assert_eq!(file.permissions().mode() & 0o7777, 0o644);
+    let node = file.node();
+    fs.rename_at(a, "f", d, tag, false).unwrap();
+    assert!(!fs.exists(format!("{dir}/a/f")));
+    assert_eq!(fs.metadata(format!("{dir}/{tag}")).unwrap().node(), node);
+    // The caller has the file open: it may name it by node.
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let attrs = NewAttrs {
+        mode: Some(0o600),
+        modified: SetTime::At(when),
+        ..NewAttrs::default()
+    };
+    fs.set_attrs_of(node, &attrs).unwrap();
+    let m = fs.metadata(format!("{dir}/{tag}")).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o600);
+    assert_eq!(m.modified().unwrap(), when);
+    assert_eq!(fs.metadata_of(node).unwrap(), m);
+    fs.symlink_at(tag, a, "l").unwrap();
+    assert_eq!(fs.read_link(format!("{dir}/a/l")).unwrap().as_os_str(), tag);
+    fs.hard_link_at(node, a, "h").unwrap();
+    assert_eq!(fs.metadata_of(node).unwrap().nlink(), 2);
+    // Renaming onto a name that is there, unless that is refused.
+    let refused = fs.rename_at(a, "l", a, "h", true).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EEXIST));
+    fs.rename_at(a, "l", a, "h", false).unwrap();
+    assert!(fs
+        .symlink_metadata(format!("{dir}/a/h"))
+        .unwrap()
+        .is_symlink());
+    assert_eq!(fs.metadata_of(node).unwrap().nlink(), 1);
+    let busy = fs.remove_dir_at(d, "a").unwrap_err();
+    assert_eq!(busy.raw_os_error(), Some(libc::ENOTEMPTY));
+    fs.remove_file_at(a, "h").unwrap();
+    fs.remove_dir_at(d, "a").unwrap();
+    assert!(!fs.exists(format!("{dir}/a")));
+    // A node that is gone is stale, whatever names it.
+    assert!(stale(fs.create_file_at(a, "x", 0o644).map(drop)));
+    assert!(stale(fs.metadata_of(a).map(drop)));
+    assert!(stale(fs.set_attrs_of(a, &attrs)));
+    // Opened again by node, the file reads what was written.
+    let again = OpenOptions::new().read(true).open_node(fs, node).unwrap();
+    let mut got = Vec::new();
+    (&again).read_to_end(&mut got).unwrap();
+    assert_eq!(got, tag.as_bytes());
+    drop((f, again));
+}
+
+/// A client changes the file system by node, as a FUSE adapter will: as
+/// a trusted client (root), and, in a child process of another user, as
+/// an isolated one, whose node forms meet the same permission checks.
+#[test]
+fn a_client_changes_the_file_system_by_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(s) = serve("kucofs-daemon-node-") else {
+        return;
+    };
+    let fs = Fs::connect(&s.socket).unwrap();
+    fs.create_dir("pub").unwrap();
+    fs.set_permissions("pub", kucofs::Permissions::from_mode(0o777))
+        .unwrap();
+    changes_by_node(&fs, "pub", "by-root");
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED: the isolated client runs as another user, which needs root");
+        return;
+    }
+    // The child, another user, reaches the socket.
+    std::fs::set_permissions(s._dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&s.socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let env = [(ENV_NODE_SOCKET, s.socket.as_os_str())];
+    support::run_as_user("changes_by_node_child", NODE_USER, NODE_USER, &[], &env);
+    // What the child left, as root sees it.
+    let m = fs.metadata("pub/by-user").unwrap();
+    assert_eq!((m.uid(), m.gid()), (NODE_USER, NODE_USER));
+    assert_eq!(m.permissions().mode() & 0o7777, 0o600);
+    assert_eq!(read_all(&fs, "pub/by-user"), b"by-user");
+    assert!(!fs.exists("pub/a"));
+    fs.close().unwrap();
+}
+
+/// The child of `a_client_changes_the_file_system_by_node`: an isolated
+/// client of another user.
+#[test]
+#[ignore = "run by a_client_changes_the_file_system_by_node as another user"]
+fn changes_by_node_child() {
+    let socket = std::env::var_os(ENV_NODE_SOCKET).expect("the socket");
+    let fs = Fs::connect(&socket).unwrap();
+    changes_by_node(&fs, "pub", "by-user");
+    // Root's directory, by node as by path: no write permission.
+    let root = fs.metadata("/").unwrap().node();
+    let denied = fs.create_file_at(root, "nope", 0o644).unwrap_err();
+    assert_eq!(denied.raw_os_error(), Some(libc::EACCES));
+    // Root's file, not open: it may not be named by node.
+    let docs = fs.metadata("docs").unwrap().node();
+    let hello = fs.lookup_at(docs, "hello").unwrap().node();
+    let attrs = kucofs::NewAttrs {
+        accessed: kucofs::SetTime::Now,
+        modified: kucofs::SetTime::Now,
+        ..kucofs::NewAttrs::default()
+    };
+    let named = fs.set_attrs_of(hello, &attrs).unwrap_err();
+    assert_eq!(named.raw_os_error(), Some(libc::EACCES));
     fs.close().unwrap();
 }

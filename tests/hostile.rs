@@ -24,7 +24,7 @@ use kucofs::{Fs, OpenOptions};
 use kucofs_common::attach::{self, Hello, Welcome, WELCOME_SIZE};
 use kucofs_common::channel::{Doorbell, Segment};
 use kucofs_common::index::{Ino, InodeOff};
-use kucofs_common::proto::{At, Node, Request};
+use kucofs_common::proto::{At, Entry, Node, OpenAt, Request};
 
 /// The user the hostile child runs as.
 const NOBODY: u32 = 65534;
@@ -900,7 +900,7 @@ fn attack_requests(socket: &Path, fs: &Fs) {
     };
     report("raw-read-unopened-secret", req_outcome(call(&read_secret)));
     let opened = call(&Request::Open {
-        path: b"secret",
+        at: OpenAt::Entry(Entry::Path(b"secret")),
         flags: 0,
         mode: 0,
         hint: None,

@@ -516,6 +516,7 @@ impl Doorbell {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::Entry;
 
     /// The errno [`serve_until`] answers an unlink of `path` with.
     fn len_errno(path: &[u8]) -> Errno {
@@ -539,7 +540,10 @@ mod tests {
                     let s = w * 64 + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     any |= seg.serve(s, &mut buf, |req| match req {
-                        Ok(Request::Unlink { path, .. }) => Err(len_errno(path)),
+                        Ok(Request::Unlink {
+                            at: Entry::Path(path),
+                            ..
+                        }) => Err(len_errno(path)),
                         Ok(_) => Ok(Reply::Done),
                         Err(e) => Err(e),
                     });
@@ -573,7 +577,7 @@ mod tests {
                         for i in 0..300usize {
                             let path = vec![b'x'; 1 + (t * 300 + i) % 200];
                             let req = Request::Unlink {
-                                path: &path,
+                                at: Entry::Path(&path),
                                 rmdir: false,
                                 hint: None,
                             };

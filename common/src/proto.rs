@@ -20,8 +20,10 @@ use crate::Errno;
 /// reading requests of an isolated client, [`Request::Stat`] to
 /// [`Request::Read`], with their replies [`Reply::Attr`] and
 /// [`Reply::Listing`], [`Request::Lease`], and the write marks and
-/// eviction word of the request segment).
-pub const PROTO_VERSION: u16 = 6;
+/// eviction word of the request segment; 7: the changes and
+/// [`Request::Open`] name what they change by path or by node
+/// ([`Entry`], [`At`], [`OpenAt`])).
+pub const PROTO_VERSION: u16 = 7;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
@@ -129,55 +131,60 @@ impl TimesNow {
 
 pub use crate::access::Creds;
 
-/// One metadata request. Paths are relative to the file system's root.
+/// One metadata request. Paths are relative to the file system's root;
+/// a change names what it changes by path or by node (a directory's
+/// node and a name, or a node: [`Entry`], [`At`], [`OpenAt`]), as a
+/// FUSE adapter gets it. A hint (collaborative indexing) applies to
+/// either form: Kfs checks it against the parent it resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
     /// Create a file, directory or symlink (by the type bits of `mode`);
     /// exclusive: fails with `EEXIST` if the name exists.
     Create {
-        path: &'a [u8],
+        at: Entry<'a>,
         mode: u32,
         /// A symlink's target.
         target: &'a [u8],
         hint: Option<Hint>,
     },
-    /// Make `to` a new name for what `from` names (not following a final
-    /// symlink in `from`).
+    /// Make `to` a new name for what `from` names (by path, following a
+    /// final symlink only if asked, as `linkat` with `AT_SYMLINK_FOLLOW`;
+    /// or by node).
     Link {
-        from: &'a [u8],
-        to: &'a [u8],
+        from: At<'a>,
+        to: Entry<'a>,
         hint: Option<Hint>,
     },
     /// Remove a name (`rmdir`: an empty directory; else a non-directory).
     Unlink {
-        path: &'a [u8],
+        at: Entry<'a>,
         rmdir: bool,
         hint: Option<Hint>,
     },
     /// Rename `from` to `to`.
     Rename {
-        from: &'a [u8],
-        to: &'a [u8],
+        from: Entry<'a>,
+        to: Entry<'a>,
         noreplace: bool,
         hint_from: Option<Hint>,
         hint_to: Option<Hint>,
     },
-    /// Change attributes of what `path` names: `attrs`, and the times
+    /// Change attributes of what `at` names: `attrs`, and the times
     /// `now` names to the time of the change.
     SetAttr {
-        path: &'a [u8],
-        follow: bool,
+        at: At<'a>,
         attrs: SetAttrs,
         now: TimesNow,
     },
     /// Do nothing and reply (to measure a round trip).
     Ping,
-    /// Open the file `path` names (following symlinks), with [`open`]
-    /// flags; creating it with `mode` if asked. A write open takes the
-    /// file's write lease for this client. Replied [`Reply::Open`], which
-    /// says whether this open created the file.
+    /// Open the file `at` names (following symlinks), with [`open`]
+    /// flags; creating it with `mode` if asked (and `at` names an
+    /// entry). A write open takes the file's write lease for this
+    /// client. Replied [`Reply::Open`], which says whether this open
+    /// created the file.
     Open {
-        path: &'a [u8],
+        at: OpenAt<'a>,
         flags: u32,
         mode: u32,
         hint: Option<Hint>,
@@ -273,6 +280,47 @@ impl<'a> At<'a> {
 pub enum At<'a> {
     /// A path.
     Path { path: &'a [u8], follow: bool },
+    /// A node.
+    Node(Node),
+}
+
+/// Where a change finds the name it adds or removes: a path (its last
+/// component in the directory the rest resolves to), or a directory's
+/// node and a name in it. A node is checked as [`At::Node`] is
+/// (`ESTALE` if it is gone or reused), must be a directory (`ENOTDIR`)
+/// the caller may reach (ARCHITECTURE.md §6); the name is one component:
+/// `EINVAL` for an empty one, one with a `/`, and `.` or `..` (which a
+/// FUSE adapter never sends for a change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry<'a> {
+    /// A path.
+    Path(&'a [u8]),
+    /// A name in a directory.
+    In {
+        /// The directory.
+        dir: Node,
+        /// The name.
+        name: &'a [u8],
+    },
+}
+
+impl<'a> Entry<'a> {
+    /// Its byte strings' longest (the path or the name), for the
+    /// encoder's size check.
+    fn string(&self) -> &'a [u8] {
+        match *self {
+            Entry::Path(p) => p,
+            Entry::In { name, .. } => name,
+        }
+    }
+}
+
+/// What [`Request::Open`] opens: an entry (which it may create), or a
+/// node (checked as [`At::Node`] is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenAt<'a> {
+    /// A path, or a name in a directory.
+    Entry(Entry<'a>),
     /// A node.
     Node(Node),
 }
@@ -1047,17 +1095,60 @@ fn get_at<'a>(r: &mut Reader<'a>) -> Result<At<'a>, Errno> {
     }
 }
 
+fn put_entry(w: &mut Writer<'_>, e: &Entry<'_>) {
+    match e {
+        Entry::Path(path) => {
+            w.u8(0);
+            w.bytes(path);
+        }
+        Entry::In { dir, name } => {
+            w.u8(1);
+            put_node(w, dir);
+            w.bytes(name);
+        }
+    }
+}
+
+/// The tags of an [`Entry`] (0 and 1), and an [`OpenAt::Node`] (2).
+fn get_tagged_entry<'a>(r: &mut Reader<'a>, tag: u8) -> Result<Entry<'a>, Errno> {
+    match tag {
+        0 => Ok(Entry::Path(r.bytes(STRING_MAX)?)),
+        1 => Ok(Entry::In {
+            dir: get_node(r)?,
+            name: r.bytes(STRING_MAX)?,
+        }),
+        _ => Err(Errno::EPROTO),
+    }
+}
+
+fn get_entry<'a>(r: &mut Reader<'a>) -> Result<Entry<'a>, Errno> {
+    let tag = r.u8()?;
+    get_tagged_entry(r, tag)
+}
+
+fn get_open_at<'a>(r: &mut Reader<'a>) -> Result<OpenAt<'a>, Errno> {
+    match r.u8()? {
+        2 => Ok(OpenAt::Node(get_node(r)?)),
+        tag => Ok(OpenAt::Entry(get_tagged_entry(r, tag)?)),
+    }
+}
+
 impl<'a> Request<'a> {
     /// Encodes the request into `out` (replacing what it held) and returns
     /// its length. Fails with `ENAMETOOLONG` for an oversized path.
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<usize, Errno> {
         let strings: [&[u8]; 2] = match self {
-            Request::Create { path, target, .. } => [path, target],
-            Request::Link { from, to, .. } | Request::Rename { from, to, .. } => [from, to],
-            Request::Unlink { path, .. }
-            | Request::SetAttr { path, .. }
-            | Request::Open { path, .. } => [path, b""],
-            Request::Stat { at } | Request::ReadLink { at } => [at.path(), b""],
+            Request::Create { at, target, .. } => [at.string(), target],
+            Request::Link { from, to, .. } => [from.path(), to.string()],
+            Request::Rename { from, to, .. } => [from.string(), to.string()],
+            Request::Unlink { at, .. } => [at.string(), b""],
+            Request::Open {
+                at: OpenAt::Entry(at),
+                ..
+            } => [at.string(), b""],
+            Request::Stat { at } | Request::ReadLink { at } | Request::SetAttr { at, .. } => {
+                [at.path(), b""]
+            }
             Request::Lookup { name, .. } => [name, b""],
             Request::ReadDir { dir, after } => [dir.path(), after.map_or(&b""[..], |a| a.1)],
             _ => [b"", b""],
@@ -1070,25 +1161,25 @@ impl<'a> Request<'a> {
         let mut w = Writer(out);
         let op = match self {
             Request::Create {
-                path,
+                at,
                 mode,
                 target,
                 hint,
             } => {
-                w.bytes(path);
+                put_entry(&mut w, at);
                 w.u32(*mode);
                 w.bytes(target);
                 put_hint(&mut w, hint);
                 op::CREATE
             }
             Request::Link { from, to, hint } => {
-                w.bytes(from);
-                w.bytes(to);
+                put_at(&mut w, from);
+                put_entry(&mut w, to);
                 put_hint(&mut w, hint);
                 op::LINK
             }
-            Request::Unlink { path, rmdir, hint } => {
-                w.bytes(path);
+            Request::Unlink { at, rmdir, hint } => {
+                put_entry(&mut w, at);
                 w.bool(*rmdir);
                 put_hint(&mut w, hint);
                 op::UNLINK
@@ -1100,33 +1191,33 @@ impl<'a> Request<'a> {
                 hint_from,
                 hint_to,
             } => {
-                w.bytes(from);
-                w.bytes(to);
+                put_entry(&mut w, from);
+                put_entry(&mut w, to);
                 w.bool(*noreplace);
                 put_hint(&mut w, hint_from);
                 put_hint(&mut w, hint_to);
                 op::RENAME
             }
-            Request::SetAttr {
-                path,
-                follow,
-                attrs,
-                now,
-            } => {
-                w.bytes(path);
-                w.bool(*follow);
+            Request::SetAttr { at, attrs, now } => {
+                put_at(&mut w, at);
                 attrs.encode(&mut w);
                 now.encode(&mut w);
                 op::SETATTR
             }
             Request::Ping => op::PING,
             Request::Open {
-                path,
+                at,
                 flags,
                 mode,
                 hint,
             } => {
-                w.bytes(path);
+                match at {
+                    OpenAt::Entry(e) => put_entry(&mut w, e),
+                    OpenAt::Node(n) => {
+                        w.u8(2);
+                        put_node(&mut w, n);
+                    }
+                }
                 w.u32(*flags);
                 w.u32(*mode);
                 put_hint(&mut w, hint);
@@ -1240,37 +1331,36 @@ impl<'a> Request<'a> {
         let mut r = Reader::new(body);
         let req = match op {
             op::CREATE => Request::Create {
-                path: r.bytes(STRING_MAX)?,
+                at: get_entry(&mut r)?,
                 mode: r.u32()?,
                 target: r.bytes(STRING_MAX)?,
                 hint: get_hint(&mut r)?,
             },
             op::LINK => Request::Link {
-                from: r.bytes(STRING_MAX)?,
-                to: r.bytes(STRING_MAX)?,
+                from: get_at(&mut r)?,
+                to: get_entry(&mut r)?,
                 hint: get_hint(&mut r)?,
             },
             op::UNLINK => Request::Unlink {
-                path: r.bytes(STRING_MAX)?,
+                at: get_entry(&mut r)?,
                 rmdir: r.bool()?,
                 hint: get_hint(&mut r)?,
             },
             op::RENAME => Request::Rename {
-                from: r.bytes(STRING_MAX)?,
-                to: r.bytes(STRING_MAX)?,
+                from: get_entry(&mut r)?,
+                to: get_entry(&mut r)?,
                 noreplace: r.bool()?,
                 hint_from: get_hint(&mut r)?,
                 hint_to: get_hint(&mut r)?,
             },
             op::SETATTR => Request::SetAttr {
-                path: r.bytes(STRING_MAX)?,
-                follow: r.bool()?,
+                at: get_at(&mut r)?,
                 attrs: SetAttrs::decode(&mut r)?,
                 now: TimesNow::decode(&mut r)?,
             },
             op::PING => Request::Ping,
             op::OPEN => Request::Open {
-                path: r.bytes(STRING_MAX)?,
+                at: get_open_at(&mut r)?,
                 flags: r.u32()?,
                 mode: r.u32()?,
                 hint: get_hint(&mut r)?,
@@ -1531,21 +1621,35 @@ mod tests {
         #[test]
         fn requests_round_trip_and_damage_is_refused(
             a in bytes(), b in bytes(), mode: u32, h1 in hint(), h2 in hint(),
-            which in 0..21u8, flip in any::<prop::sample::Index>(),
+            which in 0..21u8, by_node: bool, flip in any::<prop::sample::Index>(),
             x: u64, y: u64, runs in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..=EXTENTS_MAX)
         ) {
+            // Each change by path, or by node (a directory's and a name,
+            // or a node's own).
+            let n1 = Node { ino: Ino::new(x), inode: InodeOff::new(y), gen: mode };
+            let n2 = Node { ino: Ino::new(y), inode: InodeOff::new(x), gen: !mode };
+            let (ea, eb) = if by_node {
+                (Entry::In { dir: n1, name: &a }, Entry::In { dir: n2, name: &b })
+            } else {
+                (Entry::Path(&a), Entry::Path(&b))
+            };
+            let at = if by_node { At::Node(n2) } else { At::Path { path: &a, follow: x & 4 == 4 } };
             let req = match which {
-                0 => Request::Create { path: &a, mode, target: &b, hint: h1 },
-                1 => Request::Link { from: &a, to: &b, hint: h1 },
-                2 => Request::Unlink { path: &a, rmdir: mode & 1 == 1, hint: h1 },
-                3 => Request::Rename { from: &a, to: &b, noreplace: true, hint_from: h1, hint_to: h2 },
+                0 => Request::Create { at: ea, mode, target: &b, hint: h1 },
+                1 => Request::Link { from: at, to: ea, hint: h1 },
+                2 => Request::Unlink { at: ea, rmdir: mode & 1 == 1, hint: h1 },
+                3 => Request::Rename { from: ea, to: eb, noreplace: true, hint_from: h1, hint_to: h2 },
                 4 => Request::SetAttr {
-                    path: &a,
-                    follow: false,
+                    at,
                     attrs: SetAttrs { mode: Some(mode), ..SetAttrs::default() },
                     now: TimesNow { atime: x & 1 == 1, mtime: x & 2 == 2 },
                 },
-                5 => Request::Open { path: &a, flags: mode, mode: mode >> 3, hint: h1 },
+                5 => Request::Open {
+                    at: if by_node && x & 8 == 8 { OpenAt::Node(n1) } else { OpenAt::Entry(ea) },
+                    flags: mode,
+                    mode: mode >> 3,
+                    hint: h1,
+                },
                 6 => Request::Close {
                     ino: Ino::new(x),
                     write: y & 1 == 1,
@@ -1601,6 +1705,40 @@ mod tests {
         }
 
         #[test]
+        fn a_change_naming_nothing_known_is_refused(
+            which in 0..6u8, tag in 2..=u8::MAX, cut in 1..24usize, name in bytes(),
+        ) {
+            // The first byte of each change's body tags what it names: a
+            // tag no form has (`Open`'s third, its node, leaves the name's
+            // bytes over), or a node cut short, is `EPROTO`, never a
+            // misread.
+            let e = Entry::In { dir: Node::default(), name: &name };
+            let req = match which {
+                0 => Request::Create { at: e, mode: 0, target: b"", hint: None },
+                1 => Request::Link { from: At::Node(Node::default()), to: e, hint: None },
+                2 => Request::Unlink { at: e, rmdir: false, hint: None },
+                3 => Request::Rename { from: e, to: e, noreplace: false, hint_from: None, hint_to: None },
+                4 => Request::SetAttr { at: At::Node(Node::default()), attrs: SetAttrs::default(), now: TimesNow::default() },
+                _ => Request::Open { at: OpenAt::Entry(e), flags: 0, mode: 0, hint: None },
+            };
+            let mut buf = Vec::new();
+            let n = req.encode(&mut buf).unwrap();
+            let reseal = |b: &mut Vec<u8>| {
+                let body = u32::try_from(b.len() - HEADER).unwrap();
+                b[4..8].copy_from_slice(&body.to_le_bytes());
+                let crc = crate::checksum::crc32c_append(crate::checksum::crc32c(&b[..8]), &b[HEADER..]);
+                b[8..12].copy_from_slice(&crc.to_le_bytes());
+            };
+            let mut bad = buf[..n].to_vec();
+            bad[HEADER] = tag;
+            reseal(&mut bad);
+            prop_assert_eq!(Request::decode(&bad), Err(Errno::EPROTO));
+            let mut short = buf[..HEADER + 1 + cut.min(19)].to_vec();
+            reseal(&mut short);
+            prop_assert_eq!(Request::decode(&short), Err(Errno::EPROTO));
+        }
+
+        #[test]
         fn arbitrary_bytes_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..600)) {
             let _ = Request::decode(&buf);
         }
@@ -1619,11 +1757,67 @@ mod tests {
         let long = vec![b'a'; PATH_MAX];
         let mut buf = Vec::new();
         let req = Request::Unlink {
-            path: &long,
+            at: Entry::Path(&long),
             rmdir: false,
             hint: None,
         };
         assert_eq!(req.encode(&mut buf), Err(Errno::ENAMETOOLONG));
+        let req = Request::Create {
+            at: Entry::In {
+                dir: Node::default(),
+                name: &long,
+            },
+            mode: 0,
+            target: b"",
+            hint: None,
+        };
+        assert_eq!(req.encode(&mut buf), Err(Errno::ENAMETOOLONG));
+    }
+
+    #[test]
+    fn the_largest_requests_by_path_or_node_fit_a_slot() {
+        let long = vec![b'a'; STRING_MAX];
+        let hint = Some(Hint::default());
+        let n = Node::default();
+        let mut buf = Vec::new();
+        for (from, to) in [
+            (Entry::Path(&long), Entry::Path(&long)),
+            (
+                Entry::In {
+                    dir: n,
+                    name: &long,
+                },
+                Entry::In {
+                    dir: n,
+                    name: &long,
+                },
+            ),
+        ] {
+            let rename = Request::Rename {
+                from,
+                to,
+                noreplace: false,
+                hint_from: hint,
+                hint_to: hint,
+            };
+            assert!(rename.encode(&mut buf).unwrap() <= REQUEST_MAX);
+            let link = Request::Link {
+                from: At::Path {
+                    path: &long,
+                    follow: true,
+                },
+                to,
+                hint,
+            };
+            assert!(link.encode(&mut buf).unwrap() <= REQUEST_MAX);
+            let create = Request::Create {
+                at: from,
+                mode: 0,
+                target: &long,
+                hint,
+            };
+            assert!(create.encode(&mut buf).unwrap() <= REQUEST_MAX);
+        }
     }
 
     fn node() -> impl Strategy<Value = Node> {
@@ -1816,7 +2010,7 @@ mod tests {
         let expect = |req: Request<'_>| req.reply_kind();
         assert_eq!(
             expect(Request::Create {
-                path: b"a",
+                at: Entry::Path(b"a"),
                 mode: 0,
                 target: b"",
                 hint: None
@@ -1825,15 +2019,18 @@ mod tests {
         );
         assert_eq!(
             expect(Request::Link {
-                from: b"a",
-                to: b"b",
+                from: At::Path {
+                    path: b"a",
+                    follow: false
+                },
+                to: Entry::Path(b"b"),
                 hint: None
             }),
             ReplyKind::Node
         );
         assert_eq!(
             expect(Request::Open {
-                path: b"a",
+                at: OpenAt::Entry(Entry::Path(b"a")),
                 flags: 0,
                 mode: 0,
                 hint: None

@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kucofs_common::proto::{Hint, Request};
+use kucofs_common::proto::{Entry, Hint, Request};
 use kucofs_kfs::Volume;
 
 fn volume() -> (tempfile::TempDir, Volume) {
@@ -23,7 +23,7 @@ fn volume() -> (tempfile::TempDir, Volume) {
     let mut v = Volume::open(&path).expect("open");
     let r = v.handle(
         &Request::Create {
-            path: b"d",
+            at: Entry::Path(b"d"),
             mode: libc::S_IFDIR | 0o755,
             target: b"",
             hint: None,
@@ -62,7 +62,7 @@ fn create(c: &mut Criterion) {
                     let path = format!("d/f{i}").into_bytes();
                     let h = with_hint.then(|| hint(&v, &path));
                     let req = Request::Create {
-                        path: &path,
+                        at: Entry::Path(&path),
                         mode: libc::S_IFREG | 0o644,
                         target: b"",
                         hint: h,

@@ -44,7 +44,9 @@ use kucofs_common::index::{InodeOff, Kind};
 use kucofs_common::pm::{
     CrashState, Hardware, Landed, Prefixes, Protection, Recorder, Space, CACHE_LINE,
 };
-use kucofs_common::proto::{self, open, Creds, Extents, Reply, Request, SetAttrs};
+use kucofs_common::proto::{
+    self, open, At, Creds, Entry, Extents, OpenAt, Reply, Request, SetAttrs,
+};
 use kucofs_common::Errno;
 use parking_lot::Mutex;
 
@@ -808,7 +810,7 @@ fn perform(v: &mut Volume, action: &Action, after: &mut dyn FnMut(&mut Volume)) 
                 req(
                     v,
                     &Request::Create {
-                        path: path.as_bytes(),
+                        at: Entry::Path(path.as_bytes()),
                         mode,
                         target: target.as_bytes(),
                         hint: None,
@@ -819,8 +821,11 @@ fn perform(v: &mut Volume, action: &Action, after: &mut dyn FnMut(&mut Volume)) 
                 req(
                     v,
                     &Request::Link {
-                        from: from.as_bytes(),
-                        to: to.as_bytes(),
+                        from: At::Path {
+                            path: from.as_bytes(),
+                            follow: false,
+                        },
+                        to: Entry::Path(to.as_bytes()),
                         hint: None,
                     },
                 )?;
@@ -829,7 +834,7 @@ fn perform(v: &mut Volume, action: &Action, after: &mut dyn FnMut(&mut Volume)) 
                 req(
                     v,
                     &Request::Unlink {
-                        path: path.as_bytes(),
+                        at: Entry::Path(path.as_bytes()),
                         rmdir: matches!(action, Action::Rmdir(_)),
                         hint: None,
                     },
@@ -839,8 +844,8 @@ fn perform(v: &mut Volume, action: &Action, after: &mut dyn FnMut(&mut Volume)) 
                 req(
                     v,
                     &Request::Rename {
-                        from: from.as_bytes(),
-                        to: to.as_bytes(),
+                        from: Entry::Path(from.as_bytes()),
+                        to: Entry::Path(to.as_bytes()),
                         noreplace: false,
                         hint_from: None,
                         hint_to: None,
@@ -851,8 +856,10 @@ fn perform(v: &mut Volume, action: &Action, after: &mut dyn FnMut(&mut Volume)) 
                 req(
                     v,
                     &Request::SetAttr {
-                        path: path.as_bytes(),
-                        follow: false,
+                        at: At::Path {
+                            path: path.as_bytes(),
+                            follow: false,
+                        },
                         attrs,
                         now: Default::default(),
                     },
@@ -898,7 +905,7 @@ fn open_for_write(
     req(
         v,
         &Request::Open {
-            path: path.as_bytes(),
+            at: OpenAt::Entry(Entry::Path(path.as_bytes())),
             flags: open::WRITE | open::CREATE,
             mode: 0o644,
             hint: None,

@@ -431,7 +431,7 @@ fn check_pages(sb: &Superblock, ns: &Namespace, report: &mut FsckReport) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use kucofs_common::proto::{Creds, Request};
+    use kucofs_common::proto::{Creds, Entry, Request};
 
     fn superblock() -> Superblock {
         Superblock {
@@ -451,7 +451,7 @@ pub(crate) mod tests {
         let mut ns = Namespace::new(Creds::default(), 1).unwrap();
         for name in ["a", "b", "c"] {
             let create = Request::Create {
-                path: name.as_bytes(),
+                at: Entry::Path(name.as_bytes()),
                 mode: libc::S_IFREG | 0o644,
                 target: b"",
                 hint: None,

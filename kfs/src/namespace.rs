@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kucofs_common::access::{AttrChange, Perm, Protected, Times, MAY_WRITE};
+use kucofs_common::access::{AttrChange, Perm, Protected, Times, MAY_EXEC, MAY_WRITE};
 use kucofs_common::format::PageNo;
 use kucofs_common::index::layout::*;
 use kucofs_common::index::{
@@ -25,7 +25,7 @@ use kucofs_common::index::{
     SymlinkOff, PATH_MAX,
 };
 use kucofs_common::pm::{Shm, Words};
-use kucofs_common::proto::{open, Creds, Hint, Node, Request, SetAttrs, TimesNow};
+use kucofs_common::proto::{open, At, Creds, Entry, Hint, Node, Request, SetAttrs, TimesNow};
 use kucofs_common::Errno;
 
 use crate::arena::{Arena, Attrs};
@@ -565,13 +565,82 @@ impl Namespace {
 
     // ---- resolving requests ----------------------------------------------------
 
-    /// The parent directory and last component of `path`. Kfs always
+    /// The parent directory and last component of `at`. Kfs always
     /// resolves the parent itself (a walk over a few, usually cached,
-    /// directories): a client's pre-located addresses are used only if they
-    /// belong to that directory, and they save the costly part, the search
-    /// inside it.
-    fn parent_of<'p>(&self, path: &'p [u8], creds: &Creds) -> Result<Parent<'p>, Errno> {
-        self.reader().resolve_parent_as(path, creds)
+    /// directories, or a check of a node): a client's pre-located
+    /// addresses are used only if they belong to that directory, and they
+    /// save the costly part, the search inside it.
+    ///
+    /// A directory named by node must be live (`ESTALE`) and a directory
+    /// (`ENOTDIR`), and is searched as a path's last directory is
+    /// (`EACCES`); its name must be one component (`EINVAL` for an empty
+    /// one, one with a `/`, `.` and `..`). Whether the caller may name
+    /// the node at all is the volume's to check (ARCHITECTURE.md §6).
+    /// From here on both forms meet the same checks.
+    pub fn parent_of<'p>(&self, at: Entry<'p>, creds: &Creds) -> Result<Parent<'p>, Errno> {
+        match at {
+            Entry::Path(path) => self.reader().resolve_parent_as(path, creds),
+            Entry::In { dir, name } => {
+                let dir = self.node_inode(dir)?;
+                if self.reader().kind(dir) != Some(Kind::Dir) {
+                    return Err(Errno::ENOTDIR);
+                }
+                if matches!(name, b"" | b"." | b"..") || name.contains(&b'/') {
+                    return Err(Errno::EINVAL);
+                }
+                if !creds.is_root() {
+                    creds.may(self.perm(dir)?, MAY_EXEC)?;
+                }
+                Ok(Parent {
+                    dir,
+                    last: Last::Name(name),
+                    trailing_slash: false,
+                })
+            }
+        }
+    }
+
+    /// The inode of node `n` (inode number, offset and generation, all
+    /// three checked against the inode table): `ESTALE` if it is gone or
+    /// was reused, or the offset names no inode.
+    pub fn node_inode(&self, n: Node) -> Result<InodeOff, Errno> {
+        let r = self.reader();
+        let live = r.is_live(n.inode.get(), TAG_INODE, Some(n.gen))
+            && r.ino(n.inode) == n.ino
+            && r.inode_by_ino(n.ino) == n.inode;
+        if live {
+            Ok(n.inode)
+        } else {
+            Err(Errno::ESTALE)
+        }
+    }
+
+    /// The inode `at` names: a path resolved as `creds` would
+    /// ([`Namespace::resolve_as`]), or a live node.
+    pub fn inode_at(&self, at: At<'_>, creds: &Creds) -> Result<InodeOff, Errno> {
+        match at {
+            At::Path { path, follow } => self.resolve_as(path, follow, creds),
+            At::Node(n) => self.node_inode(n),
+        }
+    }
+
+    /// The inode an entry names, following a final symlink if `follow`:
+    /// a path resolved as `creds` would, or the name looked up in the
+    /// directory ([`Namespace::parent_of`]'s checks) as `openat` does.
+    pub fn resolve_entry_as(
+        &self,
+        at: Entry<'_>,
+        follow: bool,
+        creds: &Creds,
+    ) -> Result<InodeOff, Errno> {
+        match at {
+            Entry::Path(path) => self.resolve_as(path, follow, creds),
+            Entry::In { name, .. } => {
+                let p = self.parent_of(at, creds)?;
+                self.reader()
+                    .resolve_in_as(p.dir, name, follow, creds, self.protected)
+            }
+        }
     }
 
     /// Resolves `path` as `creds` would (following a final symlink if
@@ -604,16 +673,16 @@ impl Namespace {
         let time = self.stamp();
         match *req {
             Request::Create {
-                path,
+                at,
                 mode,
                 target,
                 hint,
-            } => self.prepare_create(path, mode, target, hint.as_ref(), creds, time),
+            } => self.prepare_create(at, mode, target, hint.as_ref(), creds, time),
             Request::Link { from, to, hint } => {
                 self.prepare_link(from, to, hint.as_ref(), &creds, time)
             }
-            Request::Unlink { path, rmdir, hint } => {
-                self.prepare_unlink(path, rmdir, hint.as_ref(), &creds, time)
+            Request::Unlink { at, rmdir, hint } => {
+                self.prepare_unlink(at, rmdir, hint.as_ref(), &creds, time)
             }
             Request::Rename {
                 from,
@@ -630,12 +699,9 @@ impl Namespace {
                 &creds,
                 time,
             ),
-            Request::SetAttr {
-                path,
-                follow,
-                attrs,
-                now,
-            } => self.prepare_set_attr(path, follow, attrs, now, &creds, time),
+            Request::SetAttr { at, attrs, now } => {
+                self.prepare_set_attr(at, attrs, now, &creds, time)
+            }
             Request::Ping => Ok(Outcome::Done(None)),
             // Data requests are the volume's.
             Request::Open { .. }
@@ -657,14 +723,13 @@ impl Namespace {
 
     fn prepare_set_attr<'a>(
         &mut self,
-        path: &[u8],
-        follow: bool,
+        at: At<'_>,
         mut attrs: SetAttrs,
         now: TimesNow,
         creds: &Creds,
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
-        let inode = self.resolve_as(path, follow, creds)?;
+        let inode = self.inode_at(at, creds)?;
         if attrs.mode.is_some_and(|m| m & !0o7777 != 0)
             || (now.atime && attrs.atime.is_some())
             || (now.mtime && attrs.mtime.is_some())
@@ -715,7 +780,7 @@ impl Namespace {
 
     fn prepare_create<'a>(
         &mut self,
-        path: &'a [u8],
+        at: Entry<'a>,
         mode: u32,
         target: &'a [u8],
         hint: Option<&Hint>,
@@ -736,7 +801,7 @@ impl Namespace {
         } else if !target.is_empty() {
             return Err(Errno::EINVAL);
         }
-        let p = self.parent_of(path, &creds)?;
+        let p = self.parent_of(at, &creds)?;
         // The order of Linux's checks: "." and "..", then (for a regular
         // file, as open(O_CREAT) sees it) a trailing slash, then existence,
         // then (for symlinks) a trailing slash on a name that is free.
@@ -787,13 +852,13 @@ impl Namespace {
 
     fn prepare_link<'a>(
         &mut self,
-        from: &'a [u8],
-        to: &'a [u8],
+        from: At<'_>,
+        to: Entry<'a>,
         hint: Option<&Hint>,
         creds: &Creds,
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
-        let src = self.resolve_as(from, false, creds)?;
+        let src = self.inode_at(from, creds)?;
         let p = self.parent_of(to, creds)?;
         let Last::Name(name) = p.last else {
             return Err(Errno::EEXIST);
@@ -833,13 +898,13 @@ impl Namespace {
 
     fn prepare_unlink<'a>(
         &mut self,
-        path: &'a [u8],
+        at: Entry<'a>,
         rmdir: bool,
         hint: Option<&Hint>,
         creds: &Creds,
         time: i64,
     ) -> Result<Outcome<'a>, Errno> {
-        let p = self.parent_of(path, creds)?;
+        let p = self.parent_of(at, creds)?;
         let name = match (p.last, rmdir) {
             (Last::Name(n), _) => n,
             (_, false) => return Err(Errno::EISDIR),
@@ -895,8 +960,8 @@ impl Namespace {
     #[allow(clippy::too_many_arguments)]
     fn prepare_rename<'a>(
         &mut self,
-        from: &'a [u8],
-        to: &'a [u8],
+        from: Entry<'a>,
+        to: Entry<'a>,
         noreplace: bool,
         hint_from: Option<&Hint>,
         hint_to: Option<&Hint>,

@@ -974,6 +974,7 @@ fn keep_house(volume: &mut Volume, stats: &Stats) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kucofs_common::proto::Entry;
 
     /// The spinning lock takes a free lock at once, and waits for a held
     /// one to be released (then sees what its holder wrote), also when the
@@ -1041,7 +1042,7 @@ mod tests {
 
     fn create(name: &[u8]) -> Request<'_> {
         Request::Create {
-            path: name,
+            at: Entry::Path(name),
             mode: libc::S_IFREG | 0o644,
             target: b"",
             hint: None,

@@ -319,11 +319,14 @@ impl Volume {
             return Err(Errno::ENOTCONN);
         }
         self.fill_stock();
-        let r = match self.handle_data(req, caller) {
-            Some(r) => r,
-            None => self
-                .handle_inner(req, caller.creds)
-                .and_then(|node| Reply::of_change(req.reply_kind(), node)),
+        let r = match self.may_name(req, caller) {
+            Err(e) => Err(e),
+            Ok(()) => match self.handle_data(req, caller) {
+                Some(r) => r,
+                None => self
+                    .handle_inner(req, caller.creds)
+                    .and_then(|node| Reply::of_change(req.reply_kind(), node)),
+            },
         };
         // The change's log entry drained while the index took the change:
         // durable now, before the reply (and before the volume's lock is
@@ -573,11 +576,11 @@ impl Volume {
     fn handle_data(&mut self, req: &Request<'_>, caller: Caller) -> Option<Result<Reply, Errno>> {
         Some(match *req {
             Request::Open {
-                path,
+                at,
                 flags,
                 mode,
                 hint,
-            } => self.open_file(path, flags, mode, hint, caller),
+            } => self.open_file(at, flags, mode, hint, caller),
             Request::Close { ino, write } => self.close_file(ino, write, caller),
             // A client with a staging area (a daemon's) cannot write into
             // the pages of a pool: they would hold whatever their last
@@ -644,3 +647,6 @@ impl Volume {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod node_tests;

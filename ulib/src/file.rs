@@ -23,7 +23,9 @@ use kucofs_common::index::blockmap::{
 };
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::{PoolWriter, Words};
-use kucofs_common::proto::{open, At, Extents, Node, Request, COMMIT_PAGES_MAX, STAGE_BYTES};
+use kucofs_common::proto::{
+    open, At, Entry, Extents, Node, OpenAt, Request, COMMIT_PAGES_MAX, STAGE_BYTES,
+};
 use kucofs_common::Errno;
 
 use crate::fs::{bytes, common_err, err, Fs, Inner};
@@ -97,10 +99,35 @@ impl OpenOptions {
         self
     }
 
+    /// The permission bits a created file gets, as given.
+    pub(crate) fn mode_bits(&self) -> u32 {
+        self.mode & 0o7777
+    }
+
     /// Opens `path` in `fs` with these options. The same refusals as
     /// `std`: no access mode, or truncation or creation without writing,
     /// is `EINVAL`.
     pub fn open(&self, fs: &Fs, path: impl AsRef<Path>) -> io::Result<File> {
+        let p = bytes(path.as_ref());
+        let mode = self.mode & 0o7777 & !fs.inner().config.umask;
+        self.open_as(fs, |flags| {
+            fs.change(p, |hint| Request::Open {
+                at: OpenAt::Entry(Entry::Path(p)),
+                flags,
+                mode,
+                hint,
+            })
+        })
+    }
+
+    /// Opens with these options what `call` sends Kfs (given the
+    /// [`open`] flags): by path ([`OpenOptions::open`]) or by node
+    /// (`open_at`, `open_node`).
+    pub(crate) fn open_as(
+        &self,
+        fs: &Fs,
+        call: impl FnOnce(u32) -> io::Result<kucofs_common::proto::Reply>,
+    ) -> io::Result<File> {
         let write = self.write || self.append;
         if !self.read && !write {
             return Err(err(Errno::EINVAL));
@@ -124,17 +151,7 @@ impl OpenOptions {
         if self.create_new {
             flags |= open::EXCL;
         }
-        let p = bytes(path.as_ref());
-        let mode = self.mode & 0o7777 & !fs.inner().config.umask;
-        let (node, created) = fs
-            .change(p, |hint| Request::Open {
-                path: p,
-                flags,
-                mode,
-                hint,
-            })?
-            .into_open()
-            .map_err(err)?;
+        let (node, created) = call(flags)?.into_open().map_err(err)?;
         let inner = fs.inner().clone();
         let kind = if inner.isolated() {
             inner.stat_of(At::Node(node))?.kind()

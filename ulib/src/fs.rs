@@ -17,7 +17,7 @@ use kucofs_common::format::PageNo;
 use kucofs_common::index::layout::header_gen;
 use kucofs_common::index::{IndexReader, Ino, Kind};
 use kucofs_common::pm::{Protection, RegionView, ShmView};
-use kucofs_common::proto::{At, Extents, Hint, Reply, Request, SetAttrs, TimesNow};
+use kucofs_common::proto::{At, Entry, Extents, Hint, Reply, Request, SetAttrs, TimesNow};
 use kucofs_common::Errno;
 #[cfg(feature = "embedded")]
 use kucofs_kfs::{ServerConfig, StatsSnapshot};
@@ -715,7 +715,7 @@ impl Fs {
     fn create_node(&self, path: &Path, mode: u32, target: &[u8]) -> io::Result<Reply> {
         let p = bytes(path);
         self.change(p, |hint| Request::Create {
-            path: p,
+            at: Entry::Path(p),
             mode,
             target,
             hint,
@@ -762,7 +762,7 @@ impl Fs {
     pub fn remove_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let p = bytes(path.as_ref());
         self.change(p, |hint| Request::Unlink {
-            path: p,
+            at: Entry::Path(p),
             rmdir: false,
             hint,
         })
@@ -773,7 +773,7 @@ impl Fs {
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let p = bytes(path.as_ref());
         self.change(p, |hint| Request::Unlink {
-            path: p,
+            at: Entry::Path(p),
             rmdir: true,
             hint,
         })
@@ -797,8 +797,8 @@ impl Fs {
     fn rename_inner(&self, from: &Path, to: &Path, noreplace: bool) -> io::Result<()> {
         let (f, t) = (bytes(from), bytes(to));
         let make = |hint_from, hint_to| Request::Rename {
-            from: f,
-            to: t,
+            from: Entry::Path(f),
+            to: Entry::Path(t),
             noreplace,
             hint_from,
             hint_to,
@@ -833,8 +833,11 @@ impl Fs {
     pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
         let (o, l) = (bytes(original.as_ref()), bytes(link.as_ref()));
         self.change(l, |hint| Request::Link {
-            from: o,
-            to: l,
+            from: At::Path {
+                path: o,
+                follow: false,
+            },
+            to: Entry::Path(l),
             hint,
         })
         .map(drop)
@@ -947,8 +950,10 @@ impl Fs {
         now: TimesNow,
     ) -> io::Result<()> {
         let req = Request::SetAttr {
-            path: bytes(path),
-            follow,
+            at: At::Path {
+                path: bytes(path),
+                follow,
+            },
             attrs,
             now,
         };
@@ -1035,26 +1040,7 @@ impl Fs {
         accessed: SetTime,
         modified: SetTime,
     ) -> io::Result<()> {
-        let mut attrs = SetAttrs::default();
-        let mut now = TimesNow::default();
-        let ns = |t: SystemTime| -> io::Result<i64> {
-            match t.duration_since(UNIX_EPOCH) {
-                Ok(d) => i64::try_from(d.as_nanos()).map_err(|_| err(Errno::EOVERFLOW)),
-                Err(e) => i64::try_from(e.duration().as_nanos())
-                    .map(|v| -v)
-                    .map_err(|_| err(Errno::EOVERFLOW)),
-            }
-        };
-        match accessed {
-            SetTime::Omit => {}
-            SetTime::Now => now.atime = true,
-            SetTime::At(t) => attrs.atime = Some(ns(t)?),
-        }
-        match modified {
-            SetTime::Omit => {}
-            SetTime::Now => now.mtime = true,
-            SetTime::At(t) => attrs.mtime = Some(ns(t)?),
-        }
+        let (attrs, now) = times(accessed, modified)?;
         if attrs == SetAttrs::default() && now == TimesNow::default() {
             return Ok(());
         }
@@ -1114,6 +1100,33 @@ impl Drop for Fs {
 }
 
 /// These need a Kfs to open an image with.
+/// The changes and "now" flags that set the access and modification
+/// times as `accessed` and `modified` say (`EOVERFLOW` for a time too
+/// far from the epoch).
+pub(crate) fn times(accessed: SetTime, modified: SetTime) -> io::Result<(SetAttrs, TimesNow)> {
+    let mut attrs = SetAttrs::default();
+    let mut now = TimesNow::default();
+    let ns = |t: SystemTime| -> io::Result<i64> {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_nanos()).map_err(|_| err(Errno::EOVERFLOW)),
+            Err(e) => i64::try_from(e.duration().as_nanos())
+                .map(|v| -v)
+                .map_err(|_| err(Errno::EOVERFLOW)),
+        }
+    };
+    match accessed {
+        SetTime::Omit => {}
+        SetTime::Now => now.atime = true,
+        SetTime::At(t) => attrs.atime = Some(ns(t)?),
+    }
+    match modified {
+        SetTime::Omit => {}
+        SetTime::Now => now.mtime = true,
+        SetTime::At(t) => attrs.mtime = Some(ns(t)?),
+    }
+    Ok((attrs, now))
+}
+
 #[cfg(all(test, feature = "embedded"))]
 pub(crate) mod tests {
     use super::*;

@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+mod at;
 mod connection;
 mod dir;
 mod file;
@@ -36,10 +37,14 @@ mod isolated;
 mod metadata;
 pub mod range_lock;
 
+pub use at::NewAttrs;
 pub use dir::{DirEntry, ReadDir};
 pub use file::{File, OpenOptions};
 pub use fs::{Config, Fs, SetTime};
 pub use kucofs_common::pm::Protection;
+/// A node as Kfs names it (inode number, offset, generation): what the
+/// node forms of [`Fs`]'s changes take ([`Metadata::node`]).
+pub use kucofs_common::proto::Node;
 #[cfg(feature = "embedded")]
 pub use kucofs_kfs::{ServerConfig, StatsSnapshot};
 pub use metadata::{FileType, Metadata, Permissions, StatFs};

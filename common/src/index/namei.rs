@@ -158,6 +158,23 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
         self.resolve_gated(&AsCaller { creds, protected }, path, follow)
     }
 
+    /// Resolves the name `name` in directory `dir` as `creds` would,
+    /// following it if it is a symlink and `follow` (a relative target
+    /// from `dir`), as `openat(dir, name)` does: the checks of
+    /// [`IndexReader::resolve_as`] from `dir` on.
+    pub fn resolve_in_as(
+        &self,
+        dir: InodeOff,
+        name: &[u8],
+        follow: bool,
+        creds: &Creds,
+        protected: Protected,
+    ) -> Result<InodeOff, Errno> {
+        let gate = AsCaller { creds, protected };
+        let mut links = 0;
+        self.walk(&gate, dir, name, follow, true, &mut links)
+    }
+
     /// Resolves every component of `path` but the last, which it returns.
     pub fn resolve_parent<'p>(&self, path: &'p [u8]) -> Result<Parent<'p>, Errno> {
         self.resolve_parent_gated(&Unchecked, path)
@@ -242,18 +259,28 @@ impl<W: Words + ?Sized> IndexReader<'_, W> {
     /// exists. `None` if the parent does not resolve or the last component
     /// is not a name.
     pub fn locate(&self, path: &[u8]) -> Option<crate::proto::Hint> {
-        use super::layout::header_gen;
         let p = self.resolve_parent(path).ok()?;
         let Last::Name(name) = p.last else {
             return None;
         };
-        if name.len() > NAME_MAX {
+        self.locate_in(p.dir, name)
+    }
+
+    /// [`IndexReader::locate`] for the name `name` in directory `dir`
+    /// (a change addressed by node); `None` unless `dir` is a live
+    /// directory's inode and `name` could be an entry's.
+    pub fn locate_in(&self, dir: InodeOff, name: &[u8]) -> Option<crate::proto::Hint> {
+        use super::layout::{header_gen, TAG_INODE};
+        if !self.is_live(dir.get(), TAG_INODE, None) || self.kind(dir) != Some(Kind::Dir) {
             return None;
         }
-        let s = self.search(p.dir, super::name_hash(name), name);
+        if name.is_empty() || name.len() > NAME_MAX {
+            return None;
+        }
+        let s = self.search(dir, super::name_hash(name), name);
         Some(crate::proto::Hint {
-            dir: p.dir,
-            dir_gen: header_gen(self.header(p.dir.get())),
+            dir,
+            dir_gen: header_gen(self.header(dir.get())),
             pred: s.pred,
             found: s.found,
             found_gen: if !s.found.is_null() {

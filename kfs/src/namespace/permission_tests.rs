@@ -2,7 +2,7 @@
 //! is not root may do, in the order Linux checks it.
 
 use kucofs_common::access::{MAY_READ, MAY_WRITE};
-use kucofs_common::proto::SetAttrs;
+use kucofs_common::proto::{At, Entry, SetAttrs};
 
 use super::*;
 
@@ -16,7 +16,7 @@ fn ns_with(nodes: &[(&str, u32, u32, &str)]) -> Namespace {
     ns.set_protected(Protected::ALL);
     for &(path, mode, uid, target) in nodes {
         let req = Request::Create {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             mode: mode & libc::S_IFMT | 0o700,
             target: target.as_bytes(),
             hint: None,
@@ -44,8 +44,10 @@ fn set_attr(
     creds: Creds,
 ) -> Result<Option<Node>, Errno> {
     let req = Request::SetAttr {
-        path: path.as_bytes(),
-        follow: false,
+        at: At::Path {
+            path: path.as_bytes(),
+            follow: false,
+        },
         attrs,
         now,
     };
@@ -54,7 +56,7 @@ fn set_attr(
 
 fn create(ns: &mut Namespace, path: &str, mode: u32) -> Result<Option<Node>, Errno> {
     let req = Request::Create {
-        path: path.as_bytes(),
+        at: Entry::Path(path.as_bytes()),
         mode,
         target: b"",
         hint: None,
@@ -64,7 +66,7 @@ fn create(ns: &mut Namespace, path: &str, mode: u32) -> Result<Option<Node>, Err
 
 fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) -> Result<Option<Node>, Errno> {
     let req = Request::Unlink {
-        path: path.as_bytes(),
+        at: Entry::Path(path.as_bytes()),
         rmdir,
         hint: None,
     };
@@ -73,8 +75,8 @@ fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) -> Result<Option<Node>, E
 
 fn rename(ns: &mut Namespace, from: &str, to: &str) -> Result<Option<Node>, Errno> {
     let req = Request::Rename {
-        from: from.as_bytes(),
-        to: to.as_bytes(),
+        from: Entry::Path(from.as_bytes()),
+        to: Entry::Path(to.as_bytes()),
         noreplace: false,
         hint_from: None,
         hint_to: None,
@@ -84,8 +86,11 @@ fn rename(ns: &mut Namespace, from: &str, to: &str) -> Result<Option<Node>, Errn
 
 fn link(ns: &mut Namespace, from: &str, to: &str) -> Result<Option<Node>, Errno> {
     let req = Request::Link {
-        from: from.as_bytes(),
-        to: to.as_bytes(),
+        from: At::Path {
+            path: from.as_bytes(),
+            follow: false,
+        },
+        to: Entry::Path(to.as_bytes()),
         hint: None,
     };
     ns.execute(&req, ME)

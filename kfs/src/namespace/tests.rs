@@ -1,6 +1,6 @@
 use kucofs_common::index::layout::{TAG_DIRENT, TAG_INODE};
 use kucofs_common::index::BucketTable;
-use kucofs_common::proto::SetAttrs;
+use kucofs_common::proto::{At, Entry, SetAttrs};
 
 use super::*;
 
@@ -18,7 +18,7 @@ fn create(ns: &mut Namespace, path: &str) -> Result<Option<Node>, Errno> {
 fn create_with(ns: &mut Namespace, path: &str, hint: Option<Hint>) -> Result<Option<Node>, Errno> {
     ns.execute(
         &Request::Create {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             mode: libc::S_IFREG | 0o644,
             target: b"",
             hint,
@@ -30,7 +30,7 @@ fn create_with(ns: &mut Namespace, path: &str, hint: Option<Hint>) -> Result<Opt
 fn mkdir(ns: &mut Namespace, path: &str) -> Result<Option<Node>, Errno> {
     ns.execute(
         &Request::Create {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             mode: libc::S_IFDIR | 0o755,
             target: b"",
             hint: None,
@@ -42,7 +42,7 @@ fn mkdir(ns: &mut Namespace, path: &str) -> Result<Option<Node>, Errno> {
 fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) -> Result<Option<Node>, Errno> {
     ns.execute(
         &Request::Unlink {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             rmdir,
             hint: None,
         },
@@ -53,8 +53,8 @@ fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) -> Result<Option<Node>, E
 fn rename(ns: &mut Namespace, from: &str, to: &str) -> Result<Option<Node>, Errno> {
     ns.execute(
         &Request::Rename {
-            from: from.as_bytes(),
-            to: to.as_bytes(),
+            from: Entry::Path(from.as_bytes()),
+            to: Entry::Path(to.as_bytes()),
             noreplace: false,
             hint_from: None,
             hint_to: None,
@@ -132,7 +132,7 @@ fn symlinks_are_followed_within_the_limit() {
     let sym = |ns: &mut Namespace, path: &str, target: &str| {
         ns.execute(
             &Request::Create {
-                path: path.as_bytes(),
+                at: Entry::Path(path.as_bytes()),
                 mode: libc::S_IFLNK | 0o777,
                 target: target.as_bytes(),
                 hint: None,
@@ -176,8 +176,8 @@ fn renames_follow_posix() {
     assert_eq!(rename(&mut ns, "f", "g/").unwrap_err(), Errno::ENOTDIR);
     assert_eq!(rename(&mut ns, "b", "a").unwrap_err(), Errno::ENOTEMPTY);
     let noreplace = Request::Rename {
-        from: b"f",
-        to: b"g",
+        from: Entry::Path(b"f"),
+        to: Entry::Path(b"g"),
         noreplace: true,
         hint_from: None,
         hint_to: None,
@@ -209,8 +209,11 @@ fn renames_follow_posix() {
     // Hard links to one inode: renaming one onto the other changes nothing.
     ns.execute(
         &Request::Link {
-            from: b"g",
-            to: b"h",
+            from: At::Path {
+                path: b"g",
+                follow: false,
+            },
+            to: Entry::Path(b"h"),
             hint: None,
         },
         ME,
@@ -223,8 +226,11 @@ fn renames_follow_posix() {
     assert_eq!(
         ns.execute(
             &Request::Link {
-                from: b"a",
-                to: b"z",
+                from: At::Path {
+                    path: b"a",
+                    follow: false
+                },
+                to: Entry::Path(b"z"),
                 hint: None
             },
             ME
@@ -239,8 +245,10 @@ fn setattr_changes_permission_bits_owner_and_times() {
     let mut ns = ns();
     create(&mut ns, "f").unwrap();
     let req = Request::SetAttr {
-        path: b"f",
-        follow: true,
+        at: At::Path {
+            path: b"f",
+            follow: true,
+        },
         attrs: SetAttrs {
             mode: Some(0o4711),
             uid: Some(7),
@@ -260,8 +268,10 @@ fn setattr_changes_permission_bits_owner_and_times() {
         (libc::S_IFREG | 0o4711, 7, 8, 11, 22)
     );
     let bad = Request::SetAttr {
-        path: b"f",
-        follow: true,
+        at: At::Path {
+            path: b"f",
+            follow: true,
+        },
         attrs: SetAttrs {
             mode: Some(0o170000),
             ..SetAttrs::default()
@@ -286,7 +296,7 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     let h = hint_for(&ns, "d/f7");
     ns.execute(
         &Request::Unlink {
-            path: b"d/f7",
+            at: Entry::Path(b"d/f7"),
             rmdir: false,
             hint: Some(h),
         },
@@ -372,7 +382,7 @@ fn good_hints_are_used_and_forged_ones_fall_back_to_a_search() {
     ns.free_retired(epoch).unwrap();
     assert!(!ns.reader().is_live(h.found.get(), TAG_DIRENT, None));
     let req = Request::Unlink {
-        path: b"d/f8",
+        at: Entry::Path(b"d/f8"),
         rmdir: false,
         hint: Some(h),
     };
@@ -428,31 +438,34 @@ fn replaying_records_twice_changes_nothing_the_second_time() {
     let mut log = Vec::new();
     for req in [
         Request::Create {
-            path: b"d",
+            at: Entry::Path(b"d"),
             mode: libc::S_IFDIR | 0o700,
             target: b"",
             hint: None,
         },
         Request::Create {
-            path: b"d/f",
+            at: Entry::Path(b"d/f"),
             mode: libc::S_IFREG | 0o600,
             target: b"",
             hint: None,
         },
         Request::Link {
-            from: b"d/f",
-            to: b"g",
+            from: At::Path {
+                path: b"d/f",
+                follow: false,
+            },
+            to: Entry::Path(b"g"),
             hint: None,
         },
         Request::Rename {
-            from: b"g",
-            to: b"d/h",
+            from: Entry::Path(b"g"),
+            to: Entry::Path(b"d/h"),
             noreplace: false,
             hint_from: None,
             hint_to: None,
         },
         Request::Unlink {
-            path: b"d/f",
+            at: Entry::Path(b"d/f"),
             rmdir: false,
             hint: None,
         },
@@ -495,7 +508,7 @@ fn requests_whose_every_address_is_stale_still_do_the_right_thing() {
     for (i, h) in hints.iter().enumerate() {
         let path = format!("d/f{i}");
         let req = Request::Unlink {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             rmdir: false,
             hint: Some(*h),
         };
@@ -565,8 +578,11 @@ fn the_inode_table_finds_what_a_walk_finds_in_a_grown_directory_with_links() {
     unlink(&mut ns, "emptied/x", false).unwrap();
     ns.execute(
         &Request::Link {
-            from: b"big/f1",
-            to: b"big/sub/also-f1",
+            from: At::Path {
+                path: b"big/f1",
+                follow: false,
+            },
+            to: Entry::Path(b"big/sub/also-f1"),
             hint: None,
         },
         ME,
@@ -574,7 +590,7 @@ fn the_inode_table_finds_what_a_walk_finds_in_a_grown_directory_with_links() {
     .unwrap();
     ns.execute(
         &Request::Create {
-            path: b"big/sub/link",
+            at: Entry::Path(b"big/sub/link"),
             mode: libc::S_IFLNK | 0o777,
             target: b"../f2",
             hint: None,

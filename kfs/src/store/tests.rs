@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use kucofs_common::index::Kind;
-use kucofs_common::proto::{open, Creds, Extents, Reply, Request, SetAttrs};
+use kucofs_common::proto::{open, At, Creds, Entry, Extents, OpenAt, Reply, Request, SetAttrs};
 
 use crate::namespace::Namespace;
 use crate::volume::{Caller, Volume};
@@ -95,7 +95,7 @@ fn write(v: &mut Volume, path: &str, first: u64, pages: u32, truncate_to: Option
     let f = handle(
         v,
         &Request::Open {
-            path: path.as_bytes(),
+            at: OpenAt::Entry(Entry::Path(path.as_bytes())),
             flags: open::WRITE | open::CREATE,
             mode: 0o644,
             hint: None,
@@ -146,7 +146,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             let _ = handle(
                 v,
                 &Request::Create {
-                    path: p.as_bytes(),
+                    at: Entry::Path(p.as_bytes()),
                     mode: libc::S_IFREG | 0o644,
                     target: b"",
                     hint: None,
@@ -157,7 +157,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             let _ = handle(
                 v,
                 &Request::Unlink {
-                    path: p.as_bytes(),
+                    at: Entry::Path(p.as_bytes()),
                     rmdir: false,
                     hint: None,
                 },
@@ -167,8 +167,8 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             let _ = handle(
                 v,
                 &Request::Rename {
-                    from: p.as_bytes(),
-                    to: q.as_bytes(),
+                    from: Entry::Path(p.as_bytes()),
+                    to: Entry::Path(q.as_bytes()),
                     noreplace: false,
                     hint_from: None,
                     hint_to: None,
@@ -179,8 +179,11 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             let _ = handle(
                 v,
                 &Request::Link {
-                    from: p.as_bytes(),
-                    to: q.as_bytes(),
+                    from: At::Path {
+                        path: p.as_bytes(),
+                        follow: false,
+                    },
+                    to: Entry::Path(q.as_bytes()),
                     hint: None,
                 },
             );
@@ -194,7 +197,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             let _ = handle(
                 v,
                 &Request::Create {
-                    path: p.as_bytes(),
+                    at: Entry::Path(p.as_bytes()),
                     mode: libc::S_IFLNK | 0o777,
                     target: target.as_bytes(),
                     hint: None,
@@ -205,8 +208,10 @@ fn step(v: &mut Volume, rng: &mut Rng) {
             let _ = handle(
                 v,
                 &Request::SetAttr {
-                    path: p.as_bytes(),
-                    follow: false,
+                    at: At::Path {
+                        path: p.as_bytes(),
+                        follow: false,
+                    },
                     attrs: SetAttrs {
                         mode: Some(0o600 + rng.below_as::<u32>(8)),
                         uid: Some(rng.below_as::<u32>(3)),
@@ -229,7 +234,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
                 let _ = handle(
                     v,
                     &Request::Create {
-                        path: d.as_bytes(),
+                        at: Entry::Path(d.as_bytes()),
                         mode: libc::S_IFDIR | 0o755,
                         target: b"",
                         hint: None,
@@ -239,7 +244,7 @@ fn step(v: &mut Volume, rng: &mut Rng) {
                 let _ = handle(
                     v,
                     &Request::Unlink {
-                        path: d.as_bytes(),
+                        at: Entry::Path(d.as_bytes()),
                         rmdir: true,
                         hint: None,
                     },
@@ -273,7 +278,7 @@ fn the_image_recovers_to_the_index_after_any_changes_and_retirements() {
             let _ = handle(
                 &mut v,
                 &Request::Create {
-                    path: d.as_bytes(),
+                    at: Entry::Path(d.as_bytes()),
                     mode: libc::S_IFDIR | 0o755,
                     target: b"",
                     hint: None,

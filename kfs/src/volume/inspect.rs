@@ -13,14 +13,17 @@
 //! `ESTALE`, and an offset the client made up names nothing. Reaching a
 //! node by number skips the path, so Kfs checks what a path would have
 //! needed: a directory is reachable if the caller may search every
-//! directory above it; anything else only while the caller has it open.
+//! directory above it; anything else only while the caller has it open,
+//! or for root (who may search every directory). The same rule holds for
+//! the nodes a change or an open names ([`Volume::may_name`]).
 
 use kucofs_common::access::{MAY_EXEC, MAY_READ};
 use kucofs_common::index::blockmap::{entry_page, EntrySource, MapReader, PAGE};
-use kucofs_common::index::layout::TAG_INODE;
 use kucofs_common::index::{IndexReader, Ino, InodeOff, Kind, NAME_MAX, PATH_MAX};
 use kucofs_common::pm::Shm;
-use kucofs_common::proto::{At, Listed, Node, Reply, LISTED_HEAD, STAGE_BYTES};
+use kucofs_common::proto::{
+    At, Entry, Listed, Node, OpenAt, Reply, Request, LISTED_HEAD, STAGE_BYTES,
+};
 use kucofs_common::Errno;
 
 use super::{Caller, Volume};
@@ -49,19 +52,15 @@ impl Volume {
     /// The inode of node `n` if it is live and `caller` may reach it
     /// without a path.
     fn reachable(&self, n: Node, caller: Caller) -> Result<InodeOff, Errno> {
+        self.ns.node_inode(n)?;
         let r = self.ns.reader();
-        let live = r.is_live(n.inode.get(), TAG_INODE, Some(n.gen))
-            && r.ino(n.inode) == n.ino
-            && r.inode_by_ino(n.ino) == n.inode;
-        if !live {
-            return Err(Errno::ESTALE);
-        }
         if r.kind(n.inode) != Some(Kind::Dir) {
-            let open = self
-                .data
-                .clients
-                .get(&caller.client)
-                .is_some_and(|c| c.opens.contains_key(&n.ino));
+            let open = caller.creds.is_root()
+                || self
+                    .data
+                    .clients
+                    .get(&caller.client)
+                    .is_some_and(|c| c.opens.contains_key(&n.ino));
             return if open {
                 Ok(n.inode)
             } else {
@@ -84,6 +83,36 @@ impl Volume {
             }
         }
         Err(Errno::EIO)
+    }
+
+    /// Checks that `caller` may name each node a change or an open names
+    /// ([`Entry::In`], [`At::Node`], [`OpenAt::Node`]): live, and
+    /// reachable as the module says. What a node-addressed request then
+    /// meets is what its path form meets (`Namespace::prepare`).
+    pub(super) fn may_name(&self, req: &Request<'_>, caller: Caller) -> Result<(), Errno> {
+        let entry = |e: &Entry<'_>| match *e {
+            Entry::In { dir, .. } => Some(dir),
+            Entry::Path(_) => None,
+        };
+        let at = |a: &At<'_>| match *a {
+            At::Node(n) => Some(n),
+            At::Path { .. } => None,
+        };
+        let nodes = match req {
+            Request::Create { at, .. } | Request::Unlink { at, .. } => [entry(at), None],
+            Request::Link { from, to, .. } => [at(from), entry(to)],
+            Request::Rename { from, to, .. } => [entry(from), entry(to)],
+            Request::SetAttr { at: a, .. } => [at(a), None],
+            Request::Open { at: o, .. } => match o {
+                OpenAt::Entry(e) => [entry(e), None],
+                OpenAt::Node(n) => [Some(*n), None],
+            },
+            _ => [None, None],
+        };
+        for n in nodes.into_iter().flatten() {
+            self.reachable(n, caller)?;
+        }
+        Ok(())
     }
 
     /// `caller`'s slot of its staging area: where `bytes` go.
@@ -267,7 +296,7 @@ mod tests {
         ok(
             v,
             &Request::Create {
-                path,
+                at: Entry::Path(path),
                 mode,
                 target,
                 hint: None,
@@ -284,8 +313,10 @@ mod tests {
         ok(
             v,
             &Request::SetAttr {
-                path,
-                follow: false,
+                at: At::Path {
+                    path,
+                    follow: false,
+                },
                 attrs,
                 now: Default::default(),
             },
@@ -360,7 +391,7 @@ mod tests {
         let (file, _) = ok(
             &mut v,
             &Request::Open {
-                path: b"pub/data",
+                at: OpenAt::Entry(Entry::Path(b"pub/data")),
                 flags: open::WRITE | open::CREATE,
                 mode: 0o644,
                 hint: None,
@@ -459,7 +490,7 @@ mod tests {
         assert_eq!(read(&mut v, file.ino, 0, 10), Err(Errno::EBADF));
         let open_read = |v: &mut Volume, path: &[u8]| {
             let req = Request::Open {
-                path,
+                at: OpenAt::Entry(Entry::Path(path)),
                 flags: 0,
                 mode: 0,
                 hint: None,
@@ -486,7 +517,7 @@ mod tests {
         // A file it may not read: the open is refused, and without one
         // the data is too.
         let open_secret = Request::Open {
-            path: b"pub/secret",
+            at: OpenAt::Entry(Entry::Path(b"pub/secret")),
             flags: 0,
             mode: 0,
             hint: None,

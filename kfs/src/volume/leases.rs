@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use kucofs_common::access::MAY_READ;
 use kucofs_common::index::{Ino, InodeOff, Kind};
-use kucofs_common::proto::{open, Node, Reply, Request};
+use kucofs_common::proto::{open, Node, OpenAt, Reply, Request};
 use kucofs_common::Errno;
 
 use super::{Caller, Volume};
@@ -56,7 +56,7 @@ pub(crate) struct Waiter {
 impl Volume {
     pub(super) fn open_file(
         &mut self,
-        path: &[u8],
+        at: OpenAt<'_>,
         flags: u32,
         mode: u32,
         hint: Option<kucofs_common::proto::Hint>,
@@ -68,14 +68,23 @@ impl Volume {
         self.client(caller)?;
         let write = flags & open::WRITE != 0;
         let mut created = false;
-        let inode = match self.ns.resolve_as(path, true, &caller.creds) {
+        let found = match at {
+            OpenAt::Entry(e) => self.ns.resolve_entry_as(e, true, &caller.creds),
+            OpenAt::Node(n) => self.ns.node_inode(n),
+        };
+        let inode = match found {
             Ok(_) if flags & open::CREATE != 0 && flags & open::EXCL != 0 => {
                 return Err(Errno::EEXIST)
             }
             Ok(inode) => inode,
             Err(Errno::ENOENT) if flags & open::CREATE != 0 => {
+                // A node is found or stale, never missing: only an
+                // entry is created.
+                let OpenAt::Entry(at) = at else {
+                    return Err(Errno::EIO);
+                };
                 let create = Request::Create {
-                    path,
+                    at,
                     mode: libc::S_IFREG | mode,
                     target: b"",
                     hint,

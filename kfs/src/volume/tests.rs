@@ -4,6 +4,7 @@ use kucofs_common::format::PageNo;
 use kucofs_common::index::blockmap::{EntrySource, PAGE};
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::Recorder;
+use kucofs_common::proto::{At, Entry, OpenAt};
 use parking_lot::Mutex;
 
 use super::*;
@@ -103,7 +104,7 @@ fn sparse_volume_of(bytes: u64) -> (tempfile::TempDir, std::path::PathBuf, Volum
 fn open_for_write(v: &mut Volume, who: Caller, path: &str) -> Answer {
     v.handle(
         &Request::Open {
-            path: path.as_bytes(),
+            at: OpenAt::Entry(Entry::Path(path.as_bytes())),
             flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::CREATE,
             mode: 0o644,
             hint: None,
@@ -133,7 +134,7 @@ fn create(v: &mut Volume, path: &str, dir: bool) -> Answer {
     };
     v.handle(
         &Request::Create {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             mode,
             target: b"",
             hint: None,
@@ -170,8 +171,11 @@ fn a_tree_survives_a_clean_close_and_a_crash() {
     let _ = create(&mut v, "a/f", false);
     let _ = v.handle(
         &Request::Link {
-            from: b"a/f",
-            to: b"g",
+            from: At::Path {
+                path: b"a/f",
+                follow: false,
+            },
+            to: Entry::Path(b"g"),
             hint: None,
         },
         ME,
@@ -188,7 +192,7 @@ fn a_tree_survives_a_clean_close_and_a_crash() {
     let _ = create(&mut v, "a/h", false);
     let _ = v.handle(
         &Request::Unlink {
-            path: b"g",
+            at: Entry::Path(b"g"),
             rmdir: false,
             hint: None,
         },
@@ -218,7 +222,7 @@ fn checkpoints_taken_as_the_log_fills_lose_nothing() {
             assert_eq!(
                 v.handle(
                     &Request::Unlink {
-                        path: p.as_bytes(),
+                        at: Entry::Path(p.as_bytes()),
                         rmdir: false,
                         hint: None
                     },
@@ -392,7 +396,7 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
     let (_dir, _, mut v) = volume();
     let (other, f) = two_clients_one_writing(&mut v);
     let truncating = Request::Open {
-        path: b"f",
+        at: OpenAt::Entry(Entry::Path(b"f")),
         flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::TRUNC,
         mode: 0,
         hint: None,
@@ -420,7 +424,7 @@ fn a_detached_client_loses_its_leases_opens_and_pools() {
     assert_eq!(
         v.handle(
             &Request::Unlink {
-                path: b"f",
+                at: Entry::Path(b"f"),
                 rmdir: false,
                 hint: None
             },
@@ -523,7 +527,7 @@ fn a_client_holding_its_reader_epoch_too_long_is_evicted() {
     theirs.pin(5, || v.namespace().epoch());
     assert_eq!(create(&mut v, "g", false).errno(), 0);
     let unlink = Request::Unlink {
-        path: b"g",
+        at: Entry::Path(b"g"),
         rmdir: false,
         hint: None,
     };
@@ -880,7 +884,7 @@ fn a_write_open_closed_as_a_read_one_is_refused_and_keeps_its_lease_until_closed
     assert_eq!(v.handle(&close(false), ME).errno(), libc::EBADF);
     // ME keeps the lease: another client's truncating open is refused.
     let truncating = Request::Open {
-        path: b"f",
+        at: OpenAt::Entry(Entry::Path(b"f")),
         flags: kucofs_common::proto::open::WRITE | kucofs_common::proto::open::TRUNC,
         mode: 0,
         hint: None,
@@ -990,7 +994,7 @@ fn a_clean_close_with_an_unlinked_file_open_leaves_an_fsck_clean_image() {
         0
     );
     let unlink = Request::Unlink {
-        path: b"f",
+        at: Entry::Path(b"f"),
         rmdir: false,
         hint: None,
     };
@@ -1012,7 +1016,7 @@ fn a_truncating_open_changes_an_existing_file_and_reports_a_created_one() {
     let open = |v: &mut Volume, flags| {
         let r = v.handle(
             &Request::Open {
-                path: b"f",
+                at: OpenAt::Entry(Entry::Path(b"f")),
                 flags,
                 mode: 0o644,
                 hint: None,
@@ -1327,7 +1331,7 @@ fn unpooled_pages_are_free_and_read_only_under_strict_protection() {
 fn symlink(v: &mut Volume, path: &str, target: &[u8]) -> Answer {
     v.handle(
         &Request::Create {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             mode: libc::S_IFLNK | 0o777,
             target,
             hint: None,
@@ -1339,8 +1343,8 @@ fn symlink(v: &mut Volume, path: &str, target: &[u8]) -> Answer {
 fn rename(v: &mut Volume, from: &str, to: &str) -> Answer {
     v.handle(
         &Request::Rename {
-            from: from.as_bytes(),
-            to: to.as_bytes(),
+            from: Entry::Path(from.as_bytes()),
+            to: Entry::Path(to.as_bytes()),
             noreplace: false,
             hint_from: None,
             hint_to: None,
@@ -1493,7 +1497,7 @@ fn a_retirement_comes_after_a_bounded_number_of_record_writes() {
     for i in 0..n {
         let path = format!("/f{i}");
         let req = Request::Unlink {
-            path: path.as_bytes(),
+            at: Entry::Path(path.as_bytes()),
             rmdir: false,
             hint: None,
         };
@@ -1664,8 +1668,10 @@ fn times_chosen_to_look_like_a_log_entry_are_not_taken_for_one() {
         assert_eq!(create(&mut v, &p, false).errno(), 0);
         let r = v.handle(
             &Request::SetAttr {
-                path: p.as_bytes(),
-                follow: false,
+                at: At::Path {
+                    path: p.as_bytes(),
+                    follow: false,
+                },
                 attrs: kucofs_common::proto::SetAttrs {
                     atime: Some(atime),
                     mtime: Some(mtime),
@@ -1703,7 +1709,7 @@ fn a_target_page_given_up_during_replay_stays_the_stores_until_cleared() {
         .find(|&p| matches!(owner(&v, p), Some(Owner::Target { .. })))
         .unwrap();
     let unlink = Request::Unlink {
-        path: b"s",
+        at: Entry::Path(b"s"),
         rmdir: false,
         hint: None,
     };

@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kucofs_common::index::{name_hash, BucketTable, Ino, InodeOff};
-use kucofs_common::proto::{Creds, Request};
+use kucofs_common::proto::{Creds, Entry, Request};
 
 use super::*;
 use crate::fsck::tests::problems;
@@ -14,7 +14,7 @@ fn ns() -> Namespace {
 
 fn create(ns: &mut Namespace, path: &str, mode: u32) -> u64 {
     let req = Request::Create {
-        path: path.as_bytes(),
+        at: Entry::Path(path.as_bytes()),
         mode,
         target: b"",
         hint: None,
@@ -32,7 +32,7 @@ fn mkdir(ns: &mut Namespace, path: &str) -> u64 {
 
 fn unlink(ns: &mut Namespace, path: &str, rmdir: bool) {
     let req = Request::Unlink {
-        path: path.as_bytes(),
+        at: Entry::Path(path.as_bytes()),
         rmdir,
         hint: None,
     };
@@ -331,8 +331,8 @@ fn a_directory_removed_while_growing_leaves_nothing_behind() {
         let e = growing_dir(ns, "e", 300, 0);
         assert!(ns.doubling(e).is_some());
         let req = Request::Rename {
-            from: b"src",
-            to: b"e",
+            from: Entry::Path(b"src"),
+            to: Entry::Path(b"e"),
             noreplace: false,
             hint_from: None,
             hint_to: None,
@@ -408,7 +408,7 @@ fn a_directory_with_entries_is_not_removed_while_growing() {
     let mut ns = ns();
     let d = growing_dir(&mut ns, "d", 300, 100);
     let req = Request::Unlink {
-        path: b"d",
+        at: Entry::Path(b"d"),
         rmdir: true,
         hint: None,
     };
