@@ -262,7 +262,18 @@ fn kucofs_matches_the_model_as_a_user() {
         println!("SKIPPED: running the sequences as another user needs root");
         return;
     }
-    support::run_as_user("sequences_as_a_user", USER, USER, &[], &[]);
+    // A directory the user owns for its images.
+    let Some(base) = support::shm_dir("kucofs-model-user-") else {
+        return;
+    };
+    std::os::unix::fs::chown(base.path(), Some(USER), Some(USER)).unwrap();
+    support::run_as_user(
+        "sequences_as_a_user",
+        USER,
+        USER,
+        &[],
+        &[(support::SHM_BASE_ENV, base.path().as_os_str())],
+    );
 }
 
 #[test]

@@ -4,21 +4,28 @@ pub mod companion;
 #[allow(dead_code)] // Only the daemon's tests use it.
 pub mod daemon;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// A fresh directory under `/dev/shm` named `prefix...`, where a test keeps
-/// its images; `None` (after printing why the test is skipped) on a machine
-/// without `/dev/shm`.
+/// Where a child test running as another user keeps its directories (set
+/// by its parent to a directory that user owns: `/dev/shm` itself need
+/// not be writable by everyone, as on a DAX mount).
+#[allow(dead_code)] // Not every test binary runs children as other users.
+pub const SHM_BASE_ENV: &str = "KUCOFS_TEST_SHM_BASE";
+
+/// A fresh directory under `/dev/shm` (or the directory [`SHM_BASE_ENV`]
+/// names) named `prefix...`, where a test keeps its images; `None` (after
+/// printing why the test is skipped) on a machine without `/dev/shm`.
 #[allow(dead_code)] // Not every test binary keeps its images there.
 pub fn shm_dir(prefix: &str) -> Option<tempfile::TempDir> {
     if !Path::new("/dev/shm").is_dir() {
         println!("SKIPPED: /dev/shm does not exist; these tests keep their images there");
         return None;
     }
+    let base = std::env::var_os(SHM_BASE_ENV).map_or_else(|| "/dev/shm".into(), PathBuf::from);
     Some(
         tempfile::Builder::new()
             .prefix(prefix)
-            .tempdir_in("/dev/shm")
+            .tempdir_in(&base)
             .expect("a temporary directory under /dev/shm"),
     )
 }
