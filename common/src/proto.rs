@@ -20,8 +20,9 @@ use crate::Errno;
 /// reading requests of an isolated client, [`Request::Stat`] to
 /// [`Request::Read`], with their replies [`Reply::Attr`] and
 /// [`Reply::Listing`], [`Request::Lease`], and the write marks and
-/// eviction word of the request segment).
-pub const PROTO_VERSION: u16 = 6;
+/// eviction word of the request segment; 7: the welcome's
+/// `direct_writes` flag, `common::attach`).
+pub const PROTO_VERSION: u16 = 7;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;
 /// Encoded size of a hint.
