@@ -270,7 +270,7 @@ fn a_killed_trusted_writer_gives_back_its_pool_pages() {
 fn pool_holder() {
     let socket = std::env::var_os(SOCKET_ENV).expect("the daemon's socket");
     let fs = Fs::connect(Path::new(&socket)).unwrap();
-    fs.write("child", &vec![9u8; 1 << 20]).unwrap();
+    fs.write("child", vec![9u8; 1 << 20]).unwrap();
     let raw = Raw::connect(Path::new(&socket));
     let mut held = 0;
     for slot in 0..HOLD_SLOTS {
