@@ -77,6 +77,17 @@ enum Command {
         /// through requests the daemon checks.
         #[arg(long, value_name = "GROUP")]
         trusted_group: Option<String>,
+        /// Let trusted clients (root, the daemon's own user, members of
+        /// --trusted-group) write file data into the image themselves,
+        /// through a read-write mapping of it, as an embedded client
+        /// does, instead of through a staging area the daemon copies
+        /// from. This weakens safety much further: such a client can
+        /// write any byte of the image, any file's data and the on-media
+        /// metadata records, and so corrupt the file system for every
+        /// client. Only for clients as trusted as the daemon itself (the
+        /// same user). The daemon still checks every metadata request.
+        #[arg(long)]
+        trusted_writes: bool,
         /// Evict a client whose thread holds back reclamation with one
         /// reader epoch this many milliseconds (default 5000): its
         /// connection is closed and its reads fail.
@@ -140,10 +151,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             socket,
             background,
             trusted_group,
+            trusted_writes,
             evict_after_ms,
         } => {
             let trust = kucofs_kfs::daemon::Trust {
                 group: trusted_group.as_deref().map(group_id).transpose()?,
+                writes: trusted_writes,
             };
             let config = kucofs_kfs::ServerConfig {
                 evict_after: evict_after_ms.map(std::time::Duration::from_millis),

@@ -6,7 +6,10 @@
 //! client only, of the index and the image (opened read-only, so that no
 //! mapping of them in the client can be made writable); an isolated
 //! client gets neither and reads through requests (ARCHITECTURE.md §2,
-//! "daemon mode + threat model"). The socket stays open while the client
+//! "daemon mode + threat model"). A daemon serving with trusted writes
+//! (`kucofs serve --trusted-writes`) hands its trusted clients the image
+//! opened read-write instead, and no staging area: they write file data
+//! into pool pages themselves, as an embedded client does. The socket stays open while the client
 //! is attached: the daemon learns of the client's end when it closes, and
 //! the client of the daemon's.
 
@@ -28,6 +31,9 @@ pub const WELCOME_FDS: usize = 5;
 /// Descriptors a [`Welcome`] to an isolated client carries, in this
 /// order: segment, doorbell, staging area.
 pub const ISOLATED_FDS: usize = 3;
+/// Descriptors a [`Welcome`] with [`Welcome::direct_writes`] carries, in
+/// this order: segment, doorbell, index, image (read-write).
+pub const DIRECT_FDS: usize = 4;
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"KucoHelo");
 const WELCOME_MAGIC: u64 = u64::from_le_bytes(*b"KucoWelc");
@@ -85,6 +91,11 @@ pub struct Welcome {
     /// The client is trusted: the index and the image come with the
     /// welcome. Otherwise it is isolated, and reads through requests.
     pub trusted: bool,
+    /// The trusted client writes file data into pool pages through a
+    /// writable mapping of the image (it comes read-write, and no
+    /// staging area comes); otherwise its writes go through its staging
+    /// area ([`crate::proto::Request::Write`]). Only with `trusted`.
+    pub direct_writes: bool,
 }
 
 impl Welcome {
@@ -94,6 +105,7 @@ impl Welcome {
         b[..8].copy_from_slice(&WELCOME_MAGIC.to_le_bytes());
         b[8..10].copy_from_slice(&self.version.to_le_bytes());
         b[10] = u8::from(self.trusted);
+        b[11] = u8::from(self.direct_writes);
         match self.result {
             Ok(client) => b[12..16].copy_from_slice(&client.to_le_bytes()),
             Err(e) => b[16..20].copy_from_slice(&e.get().to_le_bytes()),
@@ -107,7 +119,12 @@ impl Welcome {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut w = [0u8; 8];
         w.copy_from_slice(&b[24..32]);
-        if b[..8] != WELCOME_MAGIC.to_le_bytes() || b[10] > 1 || b[11] != 0 || b[20..24] != [0; 4] {
+        // Each flag is 0 or 1, and only a trusted client writes directly.
+        if b[..8] != WELCOME_MAGIC.to_le_bytes()
+            || b[10] > 1
+            || b[11] > b[10]
+            || b[20..24] != [0; 4]
+        {
             return Err(Errno::EPROTO);
         }
         let errno = u32_at(16).cast_signed();
@@ -121,6 +138,7 @@ impl Welcome {
             result,
             index_reserve: u64::from_le_bytes(w),
             trusted: b[10] == 1,
+            direct_writes: b[11] == 1,
         })
     }
 }
@@ -201,12 +219,13 @@ mod tests {
         bad[15] = 1;
         assert_eq!(Hello::decode(&bad), Err(Errno::EPROTO));
         for result in [Ok(0), Ok(42), Err(Errno::EACCES)] {
-            for trusted in [false, true] {
+            for (trusted, direct_writes) in [(false, false), (true, false), (true, true)] {
                 let w = Welcome {
                     version: 4,
                     result,
                     index_reserve: 1 << 36,
                     trusted,
+                    direct_writes,
                 };
                 assert_eq!(Welcome::decode(&w.encode()), Ok(w));
             }
@@ -217,9 +236,24 @@ mod tests {
             result: Ok(1),
             index_reserve: 0,
             trusted: true,
+            direct_writes: false,
         }
         .encode();
         bad[10] = 2;
+        assert_eq!(Welcome::decode(&bad), Err(Errno::EPROTO));
+        // Direct writes are a flag too, and for a trusted client only.
+        let w = Welcome {
+            version: 4,
+            result: Ok(1),
+            index_reserve: 0,
+            trusted: true,
+            direct_writes: true,
+        };
+        let mut bad = w.encode();
+        bad[11] = 2;
+        assert_eq!(Welcome::decode(&bad), Err(Errno::EPROTO));
+        let mut bad = w.encode();
+        bad[10] = 0;
         assert_eq!(Welcome::decode(&bad), Err(Errno::EPROTO));
         // Both a client number and an errno, or an errno out of range.
         let mut bad = Welcome {
@@ -227,6 +261,7 @@ mod tests {
             result: Ok(3),
             index_reserve: 0,
             trusted: false,
+            direct_writes: false,
         }
         .encode();
         bad[16] = 5;

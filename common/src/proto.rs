@@ -22,7 +22,8 @@ use crate::Errno;
 /// [`Reply::Listing`], [`Request::Lease`], and the write marks and
 /// eviction word of the request segment; 7: the changes and
 /// [`Request::Open`] name what they change by path or by node
-/// ([`Entry`], [`At`], [`OpenAt`])).
+/// ([`Entry`], [`At`], [`OpenAt`]), and the welcome's `direct_writes`
+/// flag, `common::attach`).
 pub const PROTO_VERSION: u16 = 7;
 /// Largest encoded request.
 pub const REQUEST_MAX: usize = 2 * PATH_MAX + 2 * HINT_SIZE + 128;

@@ -200,7 +200,7 @@ pub const KINDS: &[Kind] = &[
     },
     Kind {
         name: "kucofs-daemon",
-        usage: "kucofs-daemon[:size=SIZE+sparse+image=PATH+nohints+keep+bin=PATH]",
+        usage: "kucofs-daemon[:size=SIZE+sparse+image=PATH+nohints+keep+trusted-writes+bin=PATH]",
         about: "KucoFS served by `kucofs serve` (from bin=, $KUCOFS_BIN, or beside fxbench) on a fresh image under /dev/shm, this program its client",
         open: DaemonBackend::start_boxed,
     },

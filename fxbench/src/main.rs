@@ -52,7 +52,7 @@ struct RoundtripArgs {
     #[arg(long, default_value_t = 20_000)]
     requests: u64,
     /// The kucofs-daemon backend's options (size=SIZE, sparse,
-    /// image=PATH, nohints, bin=PATH), joined with `+`.
+    /// image=PATH, nohints, trusted-writes, bin=PATH), joined with `+`.
     #[arg(long, default_value = "size=256M")]
     daemon: String,
     /// Also write the figures as JSON to FILE.

@@ -11,7 +11,10 @@
 //! opened read-only: nothing the client maps of those can be made
 //! writable. Any other client is isolated: it maps nothing of the file
 //! system, and reads through requests Kfs checks against its credentials
-//! (ARCHITECTURE.md §2, "daemon mode + threat model"). The connection then stays
+//! (ARCHITECTURE.md §2, "daemon mode + threat model"). With trusted writes
+//! ([`Trust::writes`]), a trusted client gets the image opened read-write
+//! and no staging area instead: it writes file data into pool pages
+//! itself, as an embedded client does. The connection then stays
 //! open; when it closes (the client closed the file system, or died) Kfs
 //! forgets the client: its leases, pool pages, open files and reader
 //! epochs.
@@ -25,7 +28,7 @@ use std::time::Duration;
 
 use kucofs_common::access::GROUPS_MAX;
 use kucofs_common::attach::{
-    recv_with_fds, send_with_fds, Hello, Welcome, HELLO_SIZE, ISOLATED_FDS,
+    recv_with_fds, send_with_fds, Hello, Welcome, DIRECT_FDS, HELLO_SIZE, ISOLATED_FDS, WELCOME_FDS,
 };
 use kucofs_common::channel::{Doorbell, Segment, SLOTS};
 use kucofs_common::pm::{Protection, Shm};
@@ -59,6 +62,14 @@ pub struct Trust {
     /// --trusted-group`). This weakens isolation: each member can read
     /// every file in the image through its mappings.
     pub group: Option<u32>,
+    /// Trusted clients get the image read-write, and write file data
+    /// into the pool pages Kfs grants them through their own mapping
+    /// (`kucofs serve --trusted-writes`): no copy by Kfs. This weakens
+    /// the file system's safety: such a client can store into any byte
+    /// of the image, any file's data and the on-media metadata records,
+    /// and so corrupt the file system for every client; Kfs still checks
+    /// each of its metadata requests (ARCHITECTURE.md §2).
+    pub writes: bool,
 }
 
 impl Trust {
@@ -77,6 +88,8 @@ struct Handout {
     index: OwnedFd,
     index_reserve: u64,
     region: std::fs::File,
+    /// The image opened read-write, with [`Trust::writes`] only.
+    region_rw: Option<std::fs::File>,
 }
 
 /// Serves `image` to client processes connecting on `socket` until `stop`
@@ -103,6 +116,11 @@ pub fn serve(
     let index = shm.read_only_fd().map_err(io)?;
     let index_reserve = shm.reserve();
     let region = volume.image().region().read_only_file().map_err(io)?;
+    let region_rw = if trust.writes {
+        Some(volume.image().region().read_write_file().map_err(io)?)
+    } else {
+        None
+    };
     let doorbell = Doorbell::create().map_err(io)?;
     let listener = bind(socket)?;
     let kfs = Kfs::start(volume, &doorbell, config)?;
@@ -112,6 +130,7 @@ pub fn serve(
         index,
         index_reserve,
         region,
+        region_rw,
     };
     ready();
     let served = accept_until(socket, &listener, &kfs, &handout, stop);
@@ -189,6 +208,7 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
             result: Err(e),
             index_reserve: 0,
             trusted: false,
+            direct_writes: false,
         };
         let _ = send_with_fds(&stream, &w.encode(), &[]);
         std::io::Error::from(e)
@@ -212,25 +232,30 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
         refuse(e)
     })?;
     let trusted = handout.trust.trusts(&creds);
+    // A client that writes into the image itself has no staging area:
+    // Kfs grants it pools as it does an embedded client (a client with a
+    // staging area is refused them).
+    let direct = handout.region_rw.as_ref().filter(|_| trusted);
     let segment = Segment::create().map_err(|_| refuse(Errno::ENOMEM))?;
     let kfs_side = segment.map_again().map_err(|_| refuse(Errno::ENOMEM))?;
-    // Where the client leaves the data of its writes, a part per slot;
-    // memory only where it writes.
-    let stage_len = STAGE_BYTES * SLOTS as u64;
-    let staging =
-        Shm::create("kucofs-staging", stage_len, stage_len).map_err(|_| refuse(Errno::ENOMEM))?;
-    // The client holds it read-write: it must not be able to truncate it
-    // under Kfs's mapping.
-    staging.seal_size().map_err(|_| refuse(Errno::ENOMEM))?;
+    let staging = match direct {
+        Some(_) => None,
+        None => Some(staging_area().map_err(|_| refuse(Errno::ENOMEM))?),
+    };
+    let kfs_staging = match &staging {
+        Some(s) => Some(s.map_again().map_err(|_| refuse(Errno::ENOMEM))?),
+        None => None,
+    };
     let id = kfs
         .attach(Client {
             segment: kfs_side,
             creds,
             // Kfs cannot change the protection of another process's
-            // mappings; the client's view of the image is read-only.
+            // mappings: the client's view of the image is read-only, or,
+            // with trusted writes, writable for good.
             protector: None,
             protection: Protection::Off,
-            staging: Some(staging.map_again().map_err(|_| refuse(Errno::ENOMEM))?),
+            staging: kfs_staging,
             hangup: Some(stream.try_clone().map_err(|_| refuse(Errno::ENOMEM))?),
         })
         .map_err(|_| refuse(Errno::EIO))?;
@@ -239,27 +264,37 @@ fn welcome(stream: UnixStream, kfs: &Kfs, handout: &Handout) -> std::io::Result<
         result: Ok(id),
         index_reserve: if trusted { handout.index_reserve } else { 0 },
         trusted,
+        direct_writes: direct.is_some(),
     };
-    let all = [
-        segment.fd(),
-        handout.doorbell.fd(),
-        staging.fd(),
-        handout.index.as_fd(),
-        handout.region.as_fd(),
-    ];
-    // An isolated client gets its own segment, the doorbell and its
-    // staging area, and nothing of the file system.
-    let fds = if trusted {
-        &all[..]
-    } else {
-        &all[..ISOLATED_FDS]
-    };
-    if let Err(e) = send_with_fds(&stream, &w.encode(), fds) {
+    // Its own segment and the doorbell; its staging area unless it
+    // writes directly; to a trusted client the index and the image
+    // (read-write for direct writes). An isolated client gets nothing of
+    // the file system. Each layout is counted in `common::attach`.
+    let mut fds = vec![segment.fd(), handout.doorbell.fd()];
+    fds.extend(staging.as_ref().map(Shm::fd));
+    if trusted {
+        fds.push(handout.index.as_fd());
+        fds.push(direct.unwrap_or(&handout.region).as_fd());
+    }
+    debug_assert!(fds.len() == ISOLATED_FDS || fds.len() == DIRECT_FDS || fds.len() == WELCOME_FDS);
+    let sent = send_with_fds(&stream, &w.encode(), &fds);
+    if let Err(e) = sent {
         kfs.detach(id);
         return Err(e);
     }
     stream.set_read_timeout(None)?;
     Ok((id, stream))
+}
+
+/// A new staging area: where a client leaves the data of its writes, a
+/// part per slot; memory only where it writes. Sealed at its size: the
+/// client holds it read-write, and must not be able to truncate it under
+/// Kfs's mapping.
+fn staging_area() -> kucofs_common::Result<Shm> {
+    let stage_len = STAGE_BYTES * SLOTS as u64;
+    let staging = Shm::create("kucofs-staging", stage_len, stage_len)?;
+    staging.seal_size()?;
+    Ok(staging)
 }
 
 /// The supplementary groups of the process at the other end of `stream`

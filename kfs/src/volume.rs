@@ -582,7 +582,8 @@ impl Volume {
                 hint,
             } => self.open_file(at, flags, mode, hint, caller),
             Request::Close { ino, write } => self.close_file(ino, write, caller),
-            // A client with a staging area (a daemon's) cannot write into
+            // A client with a staging area (a daemon's, unless the daemon
+            // trusts it with writes, ARCHITECTURE.md §2) cannot write into
             // the pages of a pool: they would hold whatever their last
             // file left there, and it could commit them to read it. Its
             // writes take pages through `Request::Write` only, so it

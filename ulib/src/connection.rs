@@ -133,23 +133,26 @@ impl Connection {
     }
 
     /// A connection to the Kfs daemon at the other end of `socket`,
-    /// which handed this process `segment` and `doorbell`.
+    /// which handed this process `segment` and `doorbell`, and `staging`
+    /// unless it trusts this process to write into the image itself.
     pub(crate) fn daemon(
         segment: Segment,
         doorbell: Doorbell,
         creds: Creds,
         socket: std::os::unix::net::UnixStream,
-        staging: kucofs_common::pm::Shm,
+        staging: Option<kucofs_common::pm::Shm>,
     ) -> Self {
         let mut conn = Connection::queued(segment, doorbell, creds);
         conn.daemon = Some(socket);
-        conn.staging = Some(staging);
+        conn.staging = staging;
         conn
     }
 
     /// The staging area of a daemon's client, which cannot write into
     /// the image: its writes leave their data there for Kfs to copy
-    /// ([`Request::Write`]). `None` for a Kfs in this process.
+    /// ([`Request::Write`]). `None` for a Kfs in this process, and for a
+    /// daemon's client it trusts with writes (ARCHITECTURE.md §2), which
+    /// writes into pool pages as an embedded client does.
     #[inline]
     pub(crate) fn staging(&self) -> Option<&kucofs_common::pm::Shm> {
         self.staging.as_ref()

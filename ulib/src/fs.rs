@@ -424,7 +424,10 @@ impl Fs {
     /// (ARCHITECTURE.md §2). Either way the daemon hands the image over
     /// read-only at most: file data this process writes goes through a
     /// staging area, from which Kfs copies it into the file, a chunk of up
-    /// to 512 KiB at a time.
+    /// to 512 KiB at a time. The exception is a trusted client of a
+    /// daemon serving with `--trusted-writes`: it gets the image
+    /// read-write, and writes file data into pool pages Kfs grants it,
+    /// as an embedded client does (with [`Protection::Off`]).
     pub fn connect(socket: impl AsRef<Path>) -> io::Result<Fs> {
         Fs::connect_with(socket, Config::default())
     }
@@ -432,7 +435,7 @@ impl Fs {
     /// [`Fs::connect`] with a chosen configuration (of which the umask
     /// applies; the others are the daemon's).
     pub fn connect_with(socket: impl AsRef<Path>, config: Config) -> io::Result<Fs> {
-        use kucofs_common::attach::{self, Hello, Welcome, WELCOME_FDS, WELCOME_SIZE};
+        use kucofs_common::attach::{self, Hello, Welcome, DIRECT_FDS, WELCOME_FDS, WELCOME_SIZE};
         let path = socket.as_ref();
         let named = |e: io::Error, what: &str| {
             io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
@@ -469,34 +472,43 @@ impl Fs {
             )
         })?;
         stream.set_read_timeout(None)?;
-        let want = if welcome.trusted {
-            WELCOME_FDS
-        } else {
-            attach::ISOLATED_FDS
+        let want = match (welcome.trusted, welcome.direct_writes) {
+            (true, true) => DIRECT_FDS,
+            (true, false) => WELCOME_FDS,
+            (false, _) => attach::ISOLATED_FDS,
         };
         if fds.len() != want {
             return Err(err(Errno::EPROTO));
         }
         let mut fds = fds.into_iter();
         let mut next = || fds.next().ok_or_else(|| err(Errno::EPROTO));
-        let (segment, doorbell, staging) = (next()?, next()?, next()?);
+        let (segment, doorbell) = (next()?, next()?);
         let segment = kucofs_common::channel::Segment::from_fd(segment).map_err(common_err)?;
         let doorbell = kucofs_common::channel::Doorbell::from_fd(doorbell).map_err(common_err)?;
+        let staging = if welcome.direct_writes {
+            None
+        } else {
+            let staging =
+                kucofs_common::pm::Shm::from_fd(next()?, "kucofs-staging").map_err(common_err)?;
+            if staging.len() != kucofs_common::proto::STAGE_BYTES * SLOTS as u64 {
+                return Err(err(Errno::EPROTO));
+            }
+            Some(staging)
+        };
         let (index, region) = if welcome.trusted {
             let index = ShmView::from_fd(next()?, "kucofs-index", welcome.index_reserve)
                 .map_err(common_err)?;
-            let region =
-                RegionView::from_file(std::fs::File::from(next()?), path).map_err(common_err)?;
-            (Some(index), Some(region))
+            let image = std::fs::File::from(next()?);
+            let region = if welcome.direct_writes {
+                RegionView::from_file_writable(image, path)
+            } else {
+                RegionView::from_file(image, path)
+            };
+            (Some(index), Some(region.map_err(common_err)?))
         } else {
             (None, None)
         };
         let creds = kucofs_common::proto::Creds::current();
-        let staging =
-            kucofs_common::pm::Shm::from_fd(staging, "kucofs-staging").map_err(common_err)?;
-        if staging.len() != kucofs_common::proto::STAGE_BYTES * SLOTS as u64 {
-            return Err(err(Errno::EPROTO));
-        }
         let conn = Connection::daemon(segment, doorbell, creds, stream, staging);
         let mut config = config;
         config.direct = false;

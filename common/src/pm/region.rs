@@ -425,6 +425,16 @@ impl Region {
             .map_err(|e| Error::io("reopen image read-only", &self.path, e.into()))
     }
 
+    /// A new descriptor of the image opened read-write (not a copy of
+    /// this one's description: it holds no lock), to hand to a client
+    /// process trusted with writes (ARCHITECTURE.md §2): it can store
+    /// into any byte of the image through it.
+    pub fn read_write_file(&self) -> Result<File> {
+        super::shm::reopen_read_write(self.file.as_fd())
+            .map(File::from)
+            .map_err(|e| Error::io("reopen image read-write", &self.path, e.into()))
+    }
+
     /// A client's view of the same image: two more mappings of it, both
     /// read-only to start with. Reads go through one whose pages stay
     /// read-only for good; writes go through the other, a window whose
@@ -632,6 +642,27 @@ impl RegionView {
     pub fn from_file(file: File, path: &Path) -> Result<RegionView> {
         let len = image_len(&file, path)?;
         let (map, mode) = map_file(&file, path, len, false, Placement::Huge)?;
+        let map = Arc::new(map);
+        Ok(RegionView {
+            path: path.into(),
+            _file: Some(file),
+            window: map.clone(),
+            map,
+            mode,
+            flush: super::cpu::FlushInstr::detect(),
+            key: None,
+        })
+    }
+
+    /// A writable view of the image `file` (a descriptor opened
+    /// read-write that a daemon handed a client it trusts with writes,
+    /// ARCHITECTURE.md §2), named `path` in errors: reads and pool writes
+    /// go through one mapping whose pages stay writable (no Kfs in this
+    /// process changes their protection). It takes no lock: the daemon
+    /// holds the image.
+    pub fn from_file_writable(file: File, path: &Path) -> Result<RegionView> {
+        let len = image_len(&file, path)?;
+        let (map, mode) = map_file(&file, path, len, true, Placement::Huge)?;
         let map = Arc::new(map);
         Ok(RegionView {
             path: path.into(),

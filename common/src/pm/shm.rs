@@ -66,6 +66,18 @@ pub(super) fn reopen_read_only(fd: BorrowedFd<'_>) -> rustix::io::Result<OwnedFd
     )
 }
 
+/// A new read-write descriptor of the file `fd` refers to (through
+/// `/proc/self/fd`, as [`reopen_read_only`]): a description of its own,
+/// which shares no lock with `fd`'s.
+pub(super) fn reopen_read_write(fd: BorrowedFd<'_>) -> rustix::io::Result<OwnedFd> {
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    rustix::fs::open(
+        path.as_str(),
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+}
+
 fn map_fd(fd: BorrowedFd<'_>, name: &str, len: u64, writable: bool) -> Result<Mapping> {
     let bad = |why: String| Error::Unusable {
         path: name.into(),

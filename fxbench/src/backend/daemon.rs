@@ -8,7 +8,10 @@
 //! cleanly) and removes the image. Options, joined with `+`: `size=SIZE`
 //! (default 4G), `sparse`, `image=PATH` (as for `kucofs`), `nohints`
 //! (collaborative indexing off), `keep` (the image is left in place,
-//! closed cleanly, at the end), and `bin=PATH`, the `kucofs` binary to
+//! closed cleanly, at the end), `trusted-writes` (the daemon runs with
+//! `--trusted-writes`: the benchmark, a trusted client, writes file data
+//! into pool pages itself instead of through a staging area Kfs copies
+//! from), and `bin=PATH`, the `kucofs` binary to
 //! run: by default `$KUCOFS_BIN`, else the `kucofs` beside this
 //! program's own executable (`cargo build --release --workspace` builds
 //! both).
@@ -45,6 +48,8 @@ struct Options {
     image: PathBuf,
     collaborative: bool,
     keep: bool,
+    /// `kucofs serve --trusted-writes`.
+    trusted_writes: bool,
     bin: Option<PathBuf>,
 }
 
@@ -58,6 +63,7 @@ impl Options {
             image: image_path("d"),
             collaborative: true,
             keep: false,
+            trusted_writes: false,
             bin: None,
         };
         for opt in arg.split('+').filter(|o| !o.is_empty()) {
@@ -65,13 +71,14 @@ impl Options {
                 None if opt == "sparse" => options.sparse = true,
                 None if opt == "nohints" => options.collaborative = false,
                 None if opt == "keep" => options.keep = true,
+                None if opt == "trusted-writes" => options.trusted_writes = true,
                 Some(("size", v)) => options.size = kucofs_common::size::parse_size(v)?,
                 Some(("image", v)) => options.image = PathBuf::from(v),
                 Some(("bin", v)) => options.bin = Some(PathBuf::from(v)),
                 _ => {
                     return Err(format!(
                         "unknown option `{opt}` (expected size=SIZE, sparse, image=PATH, \
-                         nohints, keep or bin=PATH)"
+                         nohints, keep, trusted-writes or bin=PATH)"
                     ))
                 }
             }
@@ -147,6 +154,7 @@ impl Daemon {
             .arg(&image)
             .arg("--socket")
             .arg(&socket)
+            .args(options.trusted_writes.then_some("--trusted-writes"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -479,8 +487,10 @@ mod tests {
 
     #[test]
     fn options_are_parsed_in_any_order_and_bad_ones_refused() {
-        let o =
-            Options::parse("bin=/x/kucofs+sparse+size=64M+image=/tmp/d.img+nohints+keep").unwrap();
+        let o = Options::parse(
+            "bin=/x/kucofs+sparse+size=64M+image=/tmp/d.img+nohints+keep+trusted-writes",
+        )
+        .unwrap();
         assert_eq!(
             o,
             Options {
@@ -489,13 +499,14 @@ mod tests {
                 image: PathBuf::from("/tmp/d.img"),
                 collaborative: false,
                 keep: true,
+                trusted_writes: true,
                 bin: Some(PathBuf::from("/x/kucofs")),
             }
         );
         let d = Options::parse("").unwrap();
         assert_eq!(
-            (d.size, d.sparse, d.collaborative, d.keep),
-            (4 << 30, false, true, false)
+            (d.size, d.sparse, d.collaborative, d.keep, d.trusted_writes),
+            (4 << 30, false, true, false, false)
         );
         assert!(d.image.starts_with("/dev/shm"), "{}", d.image.display());
         let msg = Options::parse("queued").unwrap_err();
