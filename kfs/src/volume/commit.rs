@@ -195,10 +195,14 @@ impl Volume {
             match self.grant(want, caller).and_then(Reply::into_grant) {
                 Ok(g) => {
                     for p in g.runs().flat_map(|(s, k)| s.get()..s.get() + k) {
-                        // A grant hands out at most the pages asked for.
-                        if let Some(slot) = taken.get_mut(got) {
-                            *slot = p;
-                            got += 1;
+                        // A grant hands out at most the pages asked for;
+                        // any beyond them would go straight back.
+                        match taken.get_mut(got).filter(|_| got < n) {
+                            Some(slot) => {
+                                *slot = p;
+                                got += 1;
+                            }
+                            None => self.give_back(caller, &[p]),
                         }
                     }
                 }
