@@ -778,8 +778,14 @@ impl Server {
         let mut polls = 0u32;
         let mut direct_seen = 0u64;
         let mut last_direct = Instant::now();
+        // Set when requests were served since the clock was last read:
+        // `last_work` is brought up to date at the next clock read (at
+        // most 64 empty polls later), not at every request.
+        let mut worked = false;
         loop {
-            if new_clients.swap(false, Ordering::AcqRel) {
+            // A plain load first: the swap, a locked instruction, only
+            // when a client came or went.
+            if new_clients.load(Ordering::Relaxed) && new_clients.swap(false, Ordering::AcqRel) {
                 self.clients.append(&mut incoming.lock());
                 let gone = std::mem::take(&mut *leaving.lock());
                 if !gone.is_empty() {
@@ -797,7 +803,7 @@ impl Server {
             }
             let served = self.poll(&mut buf);
             if served > 0 {
-                last_work = Instant::now();
+                worked = true;
                 since_reclaim += served;
                 if since_reclaim >= 1024 {
                     since_reclaim = 0;
@@ -816,6 +822,9 @@ impl Server {
             }
             // Polling backs off by the time since the last queued request;
             // an idle checkpoint also waits for direct requests to stop.
+            if std::mem::take(&mut worked) {
+                last_work = Instant::now();
+            }
             let direct = self.stats.direct.load(Ordering::Relaxed);
             if direct != direct_seen {
                 direct_seen = direct;

@@ -18,8 +18,8 @@ use parking_lot::Mutex;
 
 use kucofs_common::format::{PageNo, PAGE_LEN};
 use kucofs_common::index::blockmap::{
-    entries_unchanged, entry_page, load_entries, runs_are_whole, EntrySource, MapReader, FANOUT,
-    MAX_FILE_SIZE, N_SLOTS, PAGE,
+    entries_unchanged, entry_page, kept_bytes, load_entries, runs_are_whole, EntrySource,
+    MapReader, FANOUT, MAX_FILE_SIZE, N_SLOTS, PAGE,
 };
 use kucofs_common::index::{Ino, InodeOff, Kind};
 use kucofs_common::pm::{PoolWriter, Words};
@@ -842,16 +842,16 @@ impl File {
         page: &mut [u8; PAGE_LEN],
     ) -> io::Result<()> {
         let size = mem.load_u64(self.inode.size(), Ordering::Acquire);
-        let old = to_len(size.saturating_sub(fp * PAGE).min(PAGE));
-        let e = MapReader::of_inode(mem, self.inode).entry(fp);
-        if old > 0 && e != 0 {
-            self.fs
-                .region()?
-                .read(entry_page(e).get() * PAGE, &mut page[..old])
-                .map_err(common_err)?;
-        } else {
-            page[..old].fill(0);
-        }
+        let old = match kept_bytes(mem, self.inode, size, fp) {
+            Some((at, keep)) => {
+                self.fs
+                    .region()?
+                    .read(at.byte_offset(), &mut page[..keep])
+                    .map_err(common_err)?;
+                keep
+            }
+            None => 0,
+        };
         page[old..].fill(0);
         Ok(())
     }

@@ -33,8 +33,9 @@ pub struct Config {
     /// Send Kfs the addresses Ulib found while resolving a path
     /// (collaborative indexing), with every request queued to the Kfs
     /// thread (a directly applied one resolves under the lock anyway, so it
-    /// carries none). Off: send bare paths and let Kfs resolve them, to
-    /// measure what the addresses save.
+    /// carries none; a daemon's client never sends them, see
+    /// [`Fs::connect_with`]). Off: send bare paths and let Kfs resolve
+    /// them, to measure what the addresses save.
     pub collaborative: bool,
     /// Let a thread apply its own request under Kfs's lock, instead of
     /// handing it to the Kfs thread and waiting for the reply (embedded
@@ -513,8 +514,12 @@ impl Fs {
         let mut config = config;
         config.direct = false;
         config.protection = Protection::Off;
-        // Hints are found in the index, which an isolated client lacks.
-        config.collaborative &= welcome.trusted;
+        // No hints to a daemon (ARCHITECTURE.md §6): it trusts no address
+        // a client sends, so it walks the path and checks the address at
+        // about the cost of the search the address would spare it, while
+        // finding it costs this thread a walk of its own before every
+        // change (and an isolated client lacks the index to find it in).
+        config.collaborative = false;
         Ok(Fs::connected(conn, index, region, config))
     }
 

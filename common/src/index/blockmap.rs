@@ -233,6 +233,27 @@ impl<W: Words + ?Sized> MapReader<'_, W> {
     }
 }
 
+/// What a write into part of file page `page` keeps of it, in the file
+/// at `inode` of `size` bytes: the page holding its bytes and how many of
+/// its first bytes lie inside the file; `None` if it keeps nothing (a
+/// hole, or a page past the end). The rest of the page reads as zeros:
+/// past the end a page may still hold what a shrink left behind.
+pub fn kept_bytes<W: Words + ?Sized>(
+    mem: &W,
+    inode: InodeOff,
+    size: u64,
+    page: u64,
+) -> Option<(PageNo, usize)> {
+    let keep = size.saturating_sub(page.saturating_mul(PAGE)).min(PAGE);
+    if keep == 0 {
+        return None;
+    }
+    let at = entry_page(MapReader::of_inode(mem, inode).entry(page));
+    // At most PAGE: lossless.
+    let keep = usize::try_from(keep).ok()?;
+    (!at.is_none()).then_some((at, keep))
+}
+
 impl<W: Words + ?Sized> EntrySource for MapReader<'_, W> {
     fn entry(&self, page: u64) -> u64 {
         // Acquire: pairs with Kfs's Release store of the entry, made after

@@ -201,6 +201,15 @@ impl Mapping {
         Ok(())
     }
 
+    /// The address of the checked range `[offset, offset + len)`, for a
+    /// copy out of it made inside this module (see
+    /// [`Media::copy_in_nt_from`]).
+    #[inline]
+    pub(super) fn range_ptr(&self, offset: u64, len: usize) -> Result<*const u8> {
+        let start = self.check(offset, len)?;
+        Ok(self.at(start).cast_const())
+    }
+
     /// Atomically loads the 8-byte word at `offset`.
     #[inline]
     pub(super) fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64> {
@@ -638,6 +647,31 @@ impl Media<'_> {
         self.check(offset, data.len())?;
         // SAFETY: bounds checked above; writable mapping; `data` is distinct.
         unsafe { cpu::copy_nt(self.at(offset), data.as_ptr(), data.len(), flush) };
+        Ok(())
+    }
+
+    /// Non-temporal store at `offset` of the `len` bytes at `src`, read
+    /// once each, straight into the media: persistent after the next
+    /// fence, without further flushes.
+    ///
+    /// # Safety
+    ///
+    /// `src` must be valid for reads of `len` bytes for the whole call,
+    /// outside this mapping. Another process may store to those bytes
+    /// meanwhile: the copy then holds some mix of old and new bytes, which
+    /// is sound to hold as plain bytes.
+    pub(super) unsafe fn copy_in_nt_from(
+        &self,
+        offset: usize,
+        src: *const u8,
+        len: usize,
+        flush: FlushInstr,
+    ) -> Result<()> {
+        self.check(offset, len)?;
+        // SAFETY: bounds checked above; writable mapping (only writable
+        // mappings hand out a Media); `src` readable for `len` bytes and
+        // outside this mapping (the caller's contract), so no overlap.
+        unsafe { cpu::copy_nt(self.at(offset), src, len, flush) };
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::cpu::{self, FlushInstr};
 use super::mapping::Media;
+use super::shm::Shm;
 use crate::Result;
 
 /// How stores into a region are made and made persistent.
@@ -32,6 +33,31 @@ pub trait Persist: Send + Sync + fmt::Debug {
         -> Result<()>;
     /// Non-temporal store of `data` at `offset`.
     fn store_nt(&self, media: Media<'_>, offset: usize, data: &[u8]) -> Result<()>;
+    /// Non-temporal store at `offset` of the `len` bytes at `src_offset`
+    /// of `src`, shared memory another process may store to at any time
+    /// (a daemon client's staging area): each source byte is read once,
+    /// and only to be stored. This default goes through a small buffer on
+    /// the stack and [`store_nt`](Persist::store_nt), so that a backend
+    /// that records stores sees them as such; [`Hardware`] copies straight
+    /// from the source into the media.
+    fn store_nt_from(
+        &self,
+        media: Media<'_>,
+        offset: usize,
+        src: &Shm,
+        src_offset: u64,
+        len: usize,
+    ) -> Result<()> {
+        let mut chunk = [0u8; 512];
+        let mut done = 0;
+        while done < len {
+            let k = (len - done).min(chunk.len());
+            src.try_read(src_offset + done as u64, &mut chunk[..k])?;
+            self.store_nt(media, offset + done, &chunk[..k])?;
+            done += k;
+        }
+        Ok(())
+    }
     /// Starts the write-back of the cache lines overlapping the range.
     fn flush(&self, media: Media<'_>, offset: usize, len: usize) -> Result<()>;
     /// Waits until every earlier flush and non-temporal store is persistent.
@@ -85,6 +111,23 @@ impl Persist for Hardware {
 
     fn store_nt(&self, media: Media<'_>, offset: usize, data: &[u8]) -> Result<()> {
         media.copy_in_nt(offset, data, self.instr)
+    }
+
+    fn store_nt_from(
+        &self,
+        media: Media<'_>,
+        offset: usize,
+        src: &Shm,
+        src_offset: u64,
+        len: usize,
+    ) -> Result<()> {
+        let from = src.range_ptr(src_offset, len)?;
+        // SAFETY: `from` is a checked range of `src`'s live mapping, which
+        // the borrow of `src` keeps mapped for the call; `src` is shared
+        // memory, never a mapping of a region, so it lies outside `media`.
+        // Its owner's stores meanwhile leave some mix of bytes in the copy,
+        // which the caller makes no decision on (see `Media::copy_in_nt_from`).
+        unsafe { media.copy_in_nt_from(offset, from, len, self.instr) }
     }
 
     fn flush(&self, media: Media<'_>, offset: usize, len: usize) -> Result<()> {

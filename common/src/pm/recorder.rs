@@ -541,6 +541,39 @@ mod tests {
         assert_eq!(&buf, b"hello");
     }
 
+    /// A copy out of shared memory lands byte for byte in both the live
+    /// mapping and, once fenced, the crash image (the recorder sees it as
+    /// non-temporal stores); the same copy on the hardware backend lands
+    /// in the live mapping. A source range outside the memory is refused.
+    #[test]
+    fn a_copy_from_shared_memory_is_a_non_temporal_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, rec) = region(&dir);
+        let shm = crate::pm::Shm::create("kucofs-test", 8192, 8192).unwrap();
+        let data: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        shm.write(1000, &data).unwrap();
+        // An unaligned destination: a head and tail beside the streamed body.
+        r.write_nt_from(4100, &shm, 1000, data.len()).unwrap();
+        assert!(rec
+            .in_flight()
+            .iter()
+            .all(|s| s.kind == InFlightKind::NonTemporal));
+        r.fence();
+        assert_eq!(&rec.durable_image()[4100..7100], &data[..]);
+        let mut live = vec![0u8; data.len()];
+        r.read(4100, &mut live).unwrap();
+        assert_eq!(live, data);
+        assert!(r.write_nt_from(0, &shm, 8000, 200).is_err());
+
+        let hw = Region::create(&dir.path().join("hw"), 64 * 1024, false).unwrap();
+        hw.write_nt_from(4100, &shm, 1000, data.len()).unwrap();
+        hw.fence();
+        hw.read(4100, &mut live).unwrap();
+        assert_eq!(live, data);
+        assert!(hw.write_nt_from(0, &shm, 8000, 200).is_err());
+        assert!(hw.write_nt_from(64 * 1024 - 100, &shm, 0, 200).is_err());
+    }
+
     #[test]
     fn flushed_and_fenced_store_is_present() {
         let dir = tempfile::tempdir().unwrap();

@@ -18,6 +18,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 use super::keys;
 use super::mapping::{on_tmpfs, Mapping, Media, Placement};
 use super::persist::{Hardware, Persist};
+use super::shm::Shm;
 use crate::{Error, Result};
 
 /// How the region is mapped, which decides what survives a power failure.
@@ -312,6 +313,17 @@ impl Region {
     pub fn write_nt(&self, offset: u64, data: &[u8]) -> Result<()> {
         let at = self.map.check(offset, data.len())?;
         self.persist.store_nt(self.media(), at, data)
+    }
+
+    /// Non-temporal store at `offset` of the `len` bytes at `src_offset`
+    /// of `src`, shared memory another process may store to at any time:
+    /// each source byte is read once, straight into the region, and is
+    /// persistent after the next [`fence`](Self::fence). The region holds
+    /// whatever mix of bytes the source held during the copy.
+    pub fn write_nt_from(&self, offset: u64, src: &Shm, src_offset: u64, len: usize) -> Result<()> {
+        let at = self.map.check(offset, len)?;
+        self.persist
+            .store_nt_from(self.media(), at, src, src_offset, len)
     }
 
     /// Starts writing back the cache lines overlapping the range.

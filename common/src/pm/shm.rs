@@ -293,6 +293,15 @@ impl Shm {
         self.map.read(offset, buf)
     }
 
+    /// The address of `[offset, offset + len)`, checked against the
+    /// current size, for a copy out of it made inside this module (see
+    /// [`Persist::store_nt_from`](super::Persist::store_nt_from)).
+    #[inline]
+    pub(super) fn range_ptr(&self, offset: u64, len: usize) -> Result<*const u8> {
+        self.check(offset, len as u64)?;
+        self.map.range_ptr(offset, len)
+    }
+
     /// Allocates and maps the pages of a range now rather than at their
     /// first touch; with huge pages enabled, makes the 2 MiB chunks around
     /// it huge pages instead (see [`Region::prefault`](super::Region::prefault)).

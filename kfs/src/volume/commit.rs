@@ -13,8 +13,7 @@
 //! fences the log entry before it replies.
 
 use kucofs_common::format::{PageNo, PAGE_LEN};
-use kucofs_common::index::blockmap::{entry_page, EntrySource, MapReader};
-use kucofs_common::index::blockmap::{MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
+use kucofs_common::index::blockmap::{kept_bytes, MAX_FILE_PAGES, MAX_FILE_SIZE, PAGE};
 use kucofs_common::index::{Ino, InodeOff};
 use kucofs_common::proto::{Extents, Reply, COMMIT_PAGES_MAX, STAGE_BYTES};
 use kucofs_common::Errno;
@@ -23,6 +22,11 @@ use super::grants::holder;
 use super::{Caller, Volume};
 use crate::pages::page_index;
 use crate::record::Record;
+
+/// Most pages a staged write fills: its data spans at most this many.
+// A few hundred: lossless.
+#[allow(clippy::cast_possible_truncation)]
+const STAGED_PAGES: usize = STAGE_BYTES.div_ceil(PAGE) as usize + 1;
 
 impl Volume {
     /// Zeroes the bytes of the page holding byte `old_size` from there to
@@ -143,11 +147,12 @@ impl Volume {
     /// file at `offset`, through pages Kfs takes for the caller's pool and
     /// fills itself (with the file's old bytes around the write in its
     /// first and last page), durable before the commit that publishes
-    /// them. The data is copied out of the staging area once, first: the
-    /// client may change the area at any time, and only its own write
-    /// would see that. One commit, unless the pages Kfs finds lie in more
-    /// runs than a commit carries: then the write is published a run of
-    /// commits at a time, each whole.
+    /// them. Each staged byte is read once, by the copy that stores it
+    /// into its page: the client may change the area at any time, and
+    /// only its own write would see that; Kfs decides nothing on those
+    /// bytes. One commit, unless the pages Kfs finds lie in more runs than
+    /// a commit carries: then the write is published a run of commits at
+    /// a time, each whole.
     pub(super) fn write_staged(
         &mut self,
         ino: Ino,
@@ -164,43 +169,61 @@ impl Volume {
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or(Errno::EFBIG)?;
         let inode = self.leased(ino, caller)?;
-        let staging = self
+        let staged = u64::from(caller.slot) * STAGE_BYTES;
+        if self
             .client(caller)?
             .staging
             .as_ref()
-            .ok_or(Errno::EOPNOTSUPP)?;
-        let mut data = vec![0u8; usize::try_from(len).map_err(|_| Errno::EINVAL)?];
-        staging
-            .try_read(u64::from(caller.slot) * STAGE_BYTES, &mut data)
-            .map_err(|_| Errno::EFAULT)?;
+            .ok_or(Errno::EOPNOTSUPP)?
+            .len()
+            < staged + STAGE_BYTES
+        {
+            return Err(Errno::EFAULT);
+        }
         let (first, last) = (offset / PAGE, (end - 1) / PAGE);
-        let n = last - first + 1;
+        // At most STAGED_PAGES (`len` was checked): lossless.
+        #[allow(clippy::cast_possible_truncation)]
+        let n = (last - first + 1) as usize;
         // The pages, taken into the caller's pool as a grant would. A
         // client that writes through its staging area never holds pool
         // pages (it is refused grants): those not in the file when this
         // returns go back, so that it cannot commit them unwritten.
-        let mut pages: Vec<u64> = Vec::new();
-        while (pages.len() as u64) < n {
-            let want = u32::try_from(n - pages.len() as u64).map_err(|_| Errno::EINVAL)?;
+        let mut taken = [0u64; STAGED_PAGES];
+        let mut got = 0;
+        while got < n {
+            let want = u32::try_from(n - got).map_err(|_| Errno::EINVAL)?;
             match self.grant(want, caller).and_then(Reply::into_grant) {
-                Ok(g) => pages.extend(g.runs().flat_map(|(s, k)| s.get()..s.get() + k)),
+                Ok(g) => {
+                    for p in g.runs().flat_map(|(s, k)| s.get()..s.get() + k) {
+                        // A grant hands out at most the pages asked for;
+                        // any beyond them would go straight back.
+                        match taken.get_mut(got).filter(|_| got < n) {
+                            Some(slot) => {
+                                *slot = p;
+                                got += 1;
+                            }
+                            None => self.give_back(caller, &[p]),
+                        }
+                    }
+                }
                 Err(e) => {
-                    self.give_back(caller, &pages);
+                    self.give_back(caller, &taken[..got]);
                     return Err(e);
                 }
             }
         }
+        let pages = &taken[..n];
         let old_size = self.ns.shm_u64(inode.size());
-        if let Err(e) = self.fill_staged(inode, old_size, offset, &data, &pages) {
-            self.give_back(caller, &pages);
+        if let Err(e) = self.fill_staged(inode, old_size, offset, len64, caller, pages) {
+            self.give_back(caller, pages);
             return Err(e);
         }
         let mut done = 0;
         let mut size = old_size;
-        while done < pages.len() {
+        while done < n {
             let mut extents = Extents::new();
             let mut k = 0;
-            while done + k < pages.len() && extents.push(PageNo::new(pages[done + k]), 1) {
+            while done + k < n && extents.push(PageNo::new(pages[done + k]), 1) {
                 k += 1;
             }
             let chunk_first = first + done as u64;
@@ -220,40 +243,57 @@ impl Volume {
         Ok(Reply::Size(size))
     }
 
-    /// Fills `pages` with file bytes from the page holding `offset`:
-    /// `data` at `offset`, the file's old bytes around it in the first and
-    /// last page (zeros past `old_size`), and makes them durable.
+    /// Fills `pages` with file bytes from the page holding `offset`: the
+    /// `len` bytes staged in `caller`'s slot at `offset`, copied straight
+    /// from the staging area into the pages, and the file's old bytes
+    /// around them in the first and last page (zeros past `old_size`);
+    /// and makes them durable.
     fn fill_staged(
         &self,
         inode: InodeOff,
         old_size: u64,
         offset: u64,
-        data: &[u8],
+        len: u64,
+        caller: Caller,
         pages: &[u64],
     ) -> Result<(), Errno> {
-        let end = offset + data.len() as u64;
+        let staging = self
+            .data
+            .clients
+            .get(&caller.client)
+            .and_then(|c| c.staging.as_ref())
+            .ok_or(Errno::EOPNOTSUPP)?;
+        let staged = u64::from(caller.slot) * STAGE_BYTES;
+        let end = offset + len;
         let first = offset / PAGE;
         let region = self.image.region();
-        let mut buf = vec![0u8; PAGE_LEN];
+        let io = |_| Errno::EIO;
         for (i, &dest) in pages.iter().enumerate() {
-            let page = first + i as u64;
-            let base = page * PAGE;
-            buf.fill(0);
+            let base = (first + i as u64) * PAGE;
             let (from, to) = (offset.max(base), end.min(base + PAGE));
             if from > base || to < base + PAGE {
-                // The file's bytes around the write, zeros past its end.
-                let keep = page_index(old_size.saturating_sub(base).min(PAGE));
-                let at = entry_page(MapReader::of_inode(self.ns.shm(), inode).entry(page));
-                if keep > 0 && !at.is_none() {
+                // The file's bytes around the write, zeros past its end
+                // and in a hole.
+                let mut old = [0u8; PAGE_LEN];
+                if let Some((at, keep)) = kept_bytes(self.ns.shm(), inode, old_size, base / PAGE) {
                     region
-                        .read(at.byte_offset(), &mut buf[..keep])
-                        .map_err(|_| Errno::EIO)?;
+                        .read(at.byte_offset(), &mut old[..keep])
+                        .map_err(io)?;
                 }
+                let (a, b) = (page_index(from - base), page_index(to - base));
+                region.write_nt(dest * PAGE, &old[..a]).map_err(io)?;
+                region
+                    .write_nt(dest * PAGE + (to - base), &old[b..])
+                    .map_err(io)?;
             }
-            let src = &data[page_index(from - offset)..page_index(to - offset)];
-            let at = page_index(from - base);
-            buf[at..at + src.len()].copy_from_slice(src);
-            region.write_nt(dest * PAGE, &buf).map_err(|_| Errno::EIO)?;
+            region
+                .write_nt_from(
+                    dest * PAGE + (from - base),
+                    staging,
+                    staged + (from - offset),
+                    page_index(to - from),
+                )
+                .map_err(|_| Errno::EFAULT)?;
         }
         // Durable before the commit's entry, as a client's copy is.
         region.fence();

@@ -1770,11 +1770,15 @@ fn a_staged_write_is_copied_into_the_file_and_checked_first() {
     let big: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
     assert_eq!(write(&mut v, 10, &big).value(), 300_010);
     assert_eq!(write(&mut v, 5000, b"inside").value(), 300_010);
+    // Past the end in the last page: zeros between.
+    assert_eq!(write(&mut v, 300_020, b"tail").value(), 300_024);
     let mut model = vec![0u8; 10];
     model.extend_from_slice(&big);
     model[5000..5006].copy_from_slice(b"inside");
+    model.extend_from_slice(&[0; 10]);
+    model.extend_from_slice(b"tail");
     let inode = f.inode();
-    let got: Vec<u8> = (0..300_010u64.div_ceil(PAGE))
+    let got: Vec<u8> = (0..300_024u64.div_ceil(PAGE))
         .flat_map(|p| {
             let e = kucofs_common::index::blockmap::entry_page(
                 kucofs_common::index::blockmap::MapReader::of_inode(v.ns.shm(), inode).entry(p),
@@ -1783,7 +1787,7 @@ fn a_staged_write_is_copied_into_the_file_and_checked_first() {
             v.image().region().read(e.byte_offset(), &mut b).unwrap();
             b
         })
-        .take(300_010)
+        .take(300_024)
         .collect();
     assert!(got == model, "the file holds what was written");
     // Refused: empty, larger than the staging area, past the largest file,
