@@ -652,18 +652,7 @@ impl RegionView {
     /// that handed it holds the image (or, from [`RegionView::open`], the
     /// file holds the lock it took).
     pub fn from_file(file: File, path: &Path) -> Result<RegionView> {
-        let len = image_len(&file, path)?;
-        let (map, mode) = map_file(&file, path, len, false, Placement::Huge)?;
-        let map = Arc::new(map);
-        Ok(RegionView {
-            path: path.into(),
-            _file: Some(file),
-            window: map.clone(),
-            map,
-            mode,
-            flush: super::cpu::FlushInstr::detect(),
-            key: None,
-        })
+        RegionView::map_handed(file, path, false)
     }
 
     /// A writable view of the image `file` (a descriptor opened
@@ -673,8 +662,13 @@ impl RegionView {
     /// process changes their protection). It takes no lock: the daemon
     /// holds the image.
     pub fn from_file_writable(file: File, path: &Path) -> Result<RegionView> {
+        RegionView::map_handed(file, path, true)
+    }
+
+    /// One mapping of a handed-over image `file`, writable or not.
+    fn map_handed(file: File, path: &Path, writable: bool) -> Result<RegionView> {
         let len = image_len(&file, path)?;
-        let (map, mode) = map_file(&file, path, len, true, Placement::Huge)?;
+        let (map, mode) = map_file(&file, path, len, writable, Placement::Huge)?;
         let map = Arc::new(map);
         Ok(RegionView {
             path: path.into(),

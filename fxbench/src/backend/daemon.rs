@@ -466,14 +466,7 @@ impl Backend for DaemonBackend {
     }
 
     fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
-        let file = kucofs_ulib::OpenOptions::new()
-            .read(options.read)
-            .write(options.write)
-            .append(options.append)
-            .create(options.create)
-            .truncate(options.truncate)
-            .open(self.fs(), path)?;
-        Ok(Box::new(file))
+        super::kucofs::open_on(self.fs(), path, options)
     }
 
     fn attach_spec(&self) -> Option<String> {

@@ -199,6 +199,23 @@ impl Drop for KucofsBackend {
     }
 }
 
+/// Opens `path` on `fs` with fxbench's `options` (the embedded backend's
+/// and the daemon's clients' way alike).
+pub(super) fn open_on(
+    fs: &kucofs_ulib::Fs,
+    path: &Path,
+    options: OpenOptions,
+) -> io::Result<Box<dyn FileHandle>> {
+    let file = kucofs_ulib::OpenOptions::new()
+        .read(options.read)
+        .write(options.write)
+        .append(options.append)
+        .create(options.create)
+        .truncate(options.truncate)
+        .open(fs, path)?;
+    Ok(Box::new(file))
+}
+
 impl Backend for KucofsBackend {
     fn name(&self) -> &str {
         &self.spec
@@ -229,14 +246,7 @@ impl Backend for KucofsBackend {
     }
 
     fn open_file(&self, path: &Path, options: OpenOptions) -> io::Result<Box<dyn FileHandle>> {
-        let file = kucofs_ulib::OpenOptions::new()
-            .read(options.read)
-            .write(options.write)
-            .append(options.append)
-            .create(options.create)
-            .truncate(options.truncate)
-            .open(self.fs(), path)?;
-        Ok(Box::new(file))
+        open_on(self.fs(), path, options)
     }
 
     fn server_counters(&self) -> Option<ServerCounters> {
