@@ -6,62 +6,11 @@ mod support;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kucofs::{Fs, OpenOptions};
-
-/// A running `kucofs serve`.
-struct Daemon {
-    child: Child,
-}
-
-impl Daemon {
-    /// Serves `image` on `socket`, once clients can connect.
-    fn start(image: &Path, socket: &Path) -> Daemon {
-        let child = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
-            .arg("serve")
-            .arg(image)
-            .arg("--socket")
-            .arg(socket)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kucofs serve starts");
-        let mut d = Daemon { child };
-        // It says so on stderr once clients can connect.
-        let mut err = d.child.stderr.take().unwrap();
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        while !line.ends_with(b"\n") && err.read(&mut byte).unwrap() == 1 {
-            line.push(byte[0]);
-        }
-        let line = String::from_utf8_lossy(&line).into_owned();
-        assert!(line.contains("serving"), "daemon said {line:?}");
-        d.child.stderr = Some(err);
-        d
-    }
-
-    /// Sends SIGTERM and returns its exit status and the rest of stderr.
-    fn stop(mut self) -> (std::process::ExitStatus, String) {
-        let pid = rustix::process::Pid::from_raw(self.child.id().cast_signed()).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let mut rest = String::new();
-        self.child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut rest)
-            .unwrap();
-        (self.child.wait().unwrap(), rest)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::daemon::{read_all, write_all_at, Daemon};
 
 /// An image made and filled in this process, then served by a daemon on
 /// a socket beside it (the directory goes when the test ends).
@@ -95,7 +44,7 @@ fn serve(prefix: &str) -> Option<Served> {
     drop(f);
     fs.close().unwrap();
     drop(in_process);
-    let daemon = Daemon::start(&image, &socket);
+    let daemon = Daemon::start(&image, &socket, &[]);
     Some(Served {
         _dir: dir,
         image,
@@ -196,28 +145,6 @@ fn clients_share_a_daemons_file_system_and_it_closes_cleanly() {
     assert!(fs.exists("docs/old"));
     assert!(read_all(&fs, "x/g") == model, "the data is in the image");
     fs.close().unwrap();
-}
-
-/// Writes all of `data` at `offset`.
-fn write_all_at(f: &kucofs::File, mut data: &[u8], mut offset: u64) {
-    while !data.is_empty() {
-        let n = f.write_at(data, offset).unwrap();
-        assert!(n > 0);
-        data = &data[n..];
-        offset += n as u64;
-    }
-}
-
-/// The whole of file `path`.
-fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
-    let mut got = Vec::new();
-    OpenOptions::new()
-        .read(true)
-        .open(fs, path)
-        .unwrap()
-        .read_to_end(&mut got)
-        .unwrap();
-    got
 }
 
 #[test]

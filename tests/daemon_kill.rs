@@ -141,36 +141,6 @@ fn steady_client() {
     println!("DONE {done}");
 }
 
-/// Bytes of each file [`capacity`] writes.
-const FILL: usize = 512 << 10;
-
-/// How many bytes of files `fs` takes before it is full, found by
-/// writing files of [`FILL`] bytes until the writes keep failing with
-/// `ENOSPC` (freed pages come back after their grace period: a failure
-/// is tried again a few times); the files are removed again.
-fn capacity(fs: &Fs) -> usize {
-    let data = vec![7u8; FILL];
-    let mut files = 0;
-    let mut refused = 0;
-    while refused < 5 {
-        match fs.write(format!("fill-{files}"), &data) {
-            Ok(()) => {
-                files += 1;
-                refused = 0;
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
-                refused += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => panic!("fill: {e}"),
-        }
-    }
-    for i in 0..=files {
-        let _ = fs.remove_file(format!("fill-{i}"));
-    }
-    files * FILL
-}
-
 /// A client process killed (SIGKILL) at random moments in a stream of
 /// writes, 24 times: after each kill every write it had acknowledged is
 /// there, whole; another client process writes and checks its own writes
@@ -186,7 +156,7 @@ fn killed_clients_lose_no_acknowledged_write_and_keep_nothing() {
     Fs::create(&image, 32 << 20).unwrap().close().unwrap();
     let daemon = Daemon::start(&image, &socket, &[]);
     let fs = Fs::connect(&socket).unwrap();
-    let before = capacity(&fs);
+    let before = support::daemon::capacity(&fs);
     assert!(before > 16 << 20, "only {before} bytes fit");
 
     let mut steady = Reaped(
@@ -235,7 +205,7 @@ fn killed_clients_lose_no_acknowledged_write_and_keep_nothing() {
     for name in fs.read_dir("/").unwrap() {
         fs.remove_file(name.unwrap().file_name()).unwrap();
     }
-    let after = capacity(&fs);
+    let after = support::daemon::capacity(&fs);
     assert!(
         after + (1 << 20) >= before,
         "{before} bytes fitted before, {after} after: pages stayed held"

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use kucofs::{Fs, OpenOptions};
+use kucofs::Fs;
 use kucofs_common::attach::{self, Hello, Welcome, WELCOME_SIZE};
 use kucofs_common::channel::{Doorbell, Segment};
 use kucofs_common::proto::{Reply, Request};
 use kucofs_common::Errno;
-use support::daemon::{assert_fsck_clean, Daemon, Reaped};
+use support::daemon::{assert_fsck_clean, read_all, write_all_at, Daemon, Reaped};
 
 /// The socket a child client process attaches to.
 const SOCKET_ENV: &str = "KUCOFS_TEST_SOCKET";
@@ -80,28 +80,6 @@ impl Raw {
     fn call(&self, req: &Request<'_>) -> Result<Reply, Errno> {
         self.segment.call(0, &self.doorbell, req)
     }
-}
-
-/// Writes all of `data` at `offset`.
-fn write_all_at(f: &kucofs::File, mut data: &[u8], mut offset: u64) {
-    while !data.is_empty() {
-        let n = f.write_at(data, offset).unwrap();
-        assert!(n > 0);
-        data = &data[n..];
-        offset += n as u64;
-    }
-}
-
-/// The whole of file `path`.
-fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
-    let mut got = Vec::new();
-    OpenOptions::new()
-        .read(true)
-        .open(fs, path)
-        .unwrap()
-        .read_to_end(&mut got)
-        .unwrap();
-    got
 }
 
 /// Whether this process maps `image` writable (the tests of this binary
@@ -177,44 +155,13 @@ fn trusted_clients_write_into_their_pools_and_others_read_it() {
     fs.close().unwrap();
 }
 
-/// Bytes of each file [`capacity`] writes.
-const FILL: usize = 512 << 10;
-
-/// How many bytes of files `fs` takes before it is full, found by
-/// writing files of [`FILL`] bytes until the writes keep failing with
-/// `ENOSPC` (freed pages come back after their grace period: a failure
-/// is tried again a few times); the files are removed again. (`statfs`
-/// counts pool pages as free: only filling shows who holds them.)
-fn capacity(fs: &Fs) -> usize {
-    let data = vec![7u8; FILL];
-    let mut files = 0;
-    let mut refused = 0;
-    while refused < 5 {
-        match fs.write(format!("fill-{files}"), &data) {
-            Ok(()) => {
-                files += 1;
-                refused = 0;
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
-                refused += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => panic!("fill: {e}"),
-        }
-    }
-    for i in 0..=files {
-        let _ = fs.remove_file(format!("fill-{i}"));
-    }
-    files * FILL
-}
-
 #[test]
 fn a_killed_trusted_writer_gives_back_its_pool_pages() {
     let Some(s) = serve("kucofs-tw-kill-", &["--trusted-writes"]) else {
         return;
     };
     let fs = Fs::connect(&s.socket).unwrap();
-    let before = capacity(&fs);
+    let before = support::daemon::capacity(&fs);
     let mut child = support::child_test("pool_holder")
         .env(SOCKET_ENV, &s.socket)
         .stdin(Stdio::piped())
@@ -234,7 +181,7 @@ fn a_killed_trusted_writer_gives_back_its_pool_pages() {
     assert!(held >= 1024, "the child holds {held} pool pages");
     assert!(read_all(&fs, "child") == vec![9u8; 1 << 20]);
     // While it holds them, they are not free for this client.
-    let holding = capacity(&fs);
+    let holding = support::daemon::capacity(&fs);
     assert!(
         holding + held * 4096 <= before,
         "{before} bytes fitted before, {holding} while {held} pages are held"
@@ -246,7 +193,7 @@ fn a_killed_trusted_writer_gives_back_its_pool_pages() {
     let mut after = 0;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
-        after = capacity(&fs);
+        after = support::daemon::capacity(&fs);
         if after + (1 << 20) >= before {
             break;
         }

@@ -17,7 +17,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kucofs::{Fs, OpenOptions};
@@ -25,60 +25,13 @@ use kucofs_common::attach::{self, Hello, Welcome, WELCOME_SIZE};
 use kucofs_common::channel::{Doorbell, Segment};
 use kucofs_common::index::{Ino, InodeOff};
 use kucofs_common::proto::{At, Entry, Node, OpenAt, Request};
+use support::daemon::Daemon;
 
 /// The user the hostile child runs as.
 const NOBODY: u32 = 65534;
 /// What the child's secrets are masked with in its environment and in
 /// its memory: it scans for a secret without ever holding its bytes.
 const MASK: u8 = 0x5a;
-
-/// A running `kucofs serve`.
-struct Daemon {
-    child: Child,
-}
-
-impl Daemon {
-    fn start(image: &Path, socket: &Path, args: &[&str]) -> Daemon {
-        let mut child = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
-            .arg("serve")
-            .arg(image)
-            .arg("--socket")
-            .arg(socket)
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kucofs serve starts");
-        let mut err = child.stderr.take().unwrap();
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        while !line.ends_with(b"\n") && err.read(&mut byte).unwrap() == 1 {
-            line.push(byte[0]);
-        }
-        assert!(
-            String::from_utf8_lossy(&line).contains("serving"),
-            "daemon said {:?}",
-            String::from_utf8_lossy(&line)
-        );
-        child.stderr = Some(err);
-        Daemon { child }
-    }
-
-    /// SIGTERM; true if it exited cleanly.
-    fn stop(mut self) -> bool {
-        let pid = rustix::process::Pid::from_raw(self.child.id().cast_signed()).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let mut rest = String::new();
-        let _ = self.child.stderr.take().unwrap().read_to_string(&mut rest);
-        self.child.wait().unwrap().success() && rest.contains("closed cleanly")
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -255,7 +208,11 @@ fn a_trusted_group_member_reads_every_file_but_writes_nothing() {
     let daemon = Daemon::start(&s.image, &s.socket, &["--trusted-group", "65534"]);
     std::fs::set_permissions(&s.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
     assert_trusted(&run_child(&s, NOBODY, true));
-    assert!(daemon.stop(), "the daemon closed cleanly");
+    let (status, said) = daemon.stop();
+    assert!(
+        status.success() && said.contains("closed cleanly"),
+        "the daemon closed cleanly: {status:?} {said}"
+    );
     let report = kucofs_kfs::fsck(&s.image).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     let fs = Fs::open(&s.image).unwrap();
@@ -397,7 +354,11 @@ fn a_hostile_client_reads_and_writes_nothing_it_may_not() {
     assert_trusted(&run_child(&s, 0, true));
 
     // The image changed by the valid requests only, and checks clean.
-    assert!(daemon.stop(), "the daemon closed cleanly");
+    let (status, said) = daemon.stop();
+    assert!(
+        status.success() && said.contains("closed cleanly"),
+        "the daemon closed cleanly: {status:?} {said}"
+    );
     let report = kucofs_kfs::fsck(&s.image).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     let fs = Fs::open(&s.image).unwrap();

@@ -11,15 +11,14 @@
 
 mod support;
 
-use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use kucofs::{Fs, OpenOptions, SetTime};
 use rustix::fs::{AtFlags, Gid, Mode, OFlags, Timespec, Timestamps, Uid, CWD};
+use support::daemon::Daemon;
 
 /// The client's user and group, and the supplementary groups it is in.
 const USER: u32 = 1001;
@@ -476,58 +475,6 @@ fn is_root() -> bool {
     false
 }
 
-/// A running `kucofs serve` (killed if the test fails first).
-struct Daemon(Child);
-
-impl Daemon {
-    fn start(image: &Path, socket: &Path) -> Daemon {
-        let mut child = Command::new(support::companion::binary(env!("CARGO_BIN_EXE_kucofs")))
-            .arg("serve")
-            .arg(image)
-            .arg("--socket")
-            .arg(socket)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kucofs serve starts");
-        // It says so on stderr once clients can connect.
-        let mut err = child.stderr.take().unwrap();
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        while !line.ends_with(b"\n") && err.read(&mut byte).unwrap() == 1 {
-            line.push(byte[0]);
-        }
-        assert!(
-            String::from_utf8_lossy(&line).contains("serving"),
-            "daemon said {line:?}"
-        );
-        child.stderr = Some(err);
-        Daemon(child)
-    }
-
-    /// Stops it (SIGTERM) and returns the rest of what it said.
-    fn stop(mut self) -> String {
-        let pid = rustix::process::Pid::from_raw(self.0.id().cast_signed()).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let mut rest = String::new();
-        self.0
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut rest)
-            .unwrap();
-        let status = self.0.wait().unwrap();
-        assert!(status.success(), "daemon exited {status:?}: {rest}");
-        rest
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_non_root_client_gets_the_kernels_errnos() {
     if !is_root() {
@@ -548,7 +495,7 @@ fn a_non_root_client_gets_the_kernels_errnos() {
     assert_eq!(kucofs_tree(&fs), kernel_tree(&kernel), "the same start");
     fs.close().unwrap();
     let socket = dir.path().join("kfs.sock");
-    let daemon = Daemon::start(&image, &socket);
+    let daemon = Daemon::start(&image, &socket, &[]);
     // Connecting takes write permission on the socket.
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
 
@@ -568,7 +515,8 @@ fn a_non_root_client_gets_the_kernels_errnos() {
         &env,
     );
 
-    let said = daemon.stop();
+    let (status, said) = daemon.stop();
+    assert!(status.success(), "daemon exited {status:?}: {said}");
     assert!(said.contains("more than 32 supplementary groups"), "{said}");
     let fs = Fs::open(&image).unwrap();
     assert_eq!(kucofs_tree(&fs), kernel_tree(&kernel), "the same end");

@@ -231,3 +231,56 @@ impl ChildLines {
         }
     }
 }
+
+/// Bytes of each file [`capacity`] writes.
+pub const FILL: usize = 512 << 10;
+
+/// How many bytes of files `fs` takes before it is full, found by
+/// writing files of [`FILL`] bytes until the writes keep failing with
+/// `ENOSPC` (freed pages come back after their grace period: a failure
+/// is tried again a few times); the files are removed again. (`statfs`
+/// counts pool pages as free: only filling shows who holds them.)
+pub fn capacity(fs: &kucofs::Fs) -> usize {
+    let data = vec![7u8; FILL];
+    let mut files = 0;
+    let mut refused = 0;
+    while refused < 5 {
+        match fs.write(format!("fill-{files}"), &data) {
+            Ok(()) => {
+                files += 1;
+                refused = 0;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                refused += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => panic!("fill: {e}"),
+        }
+    }
+    for i in 0..=files {
+        let _ = fs.remove_file(format!("fill-{i}"));
+    }
+    files * FILL
+}
+
+/// Writes all of `data` at `offset`.
+pub fn write_all_at(f: &kucofs::File, mut data: &[u8], mut offset: u64) {
+    while !data.is_empty() {
+        let n = f.write_at(data, offset).unwrap();
+        assert!(n > 0);
+        data = &data[n..];
+        offset += n as u64;
+    }
+}
+
+/// The whole of file `path`.
+pub fn read_all(fs: &kucofs::Fs, path: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    kucofs::OpenOptions::new()
+        .read(true)
+        .open(fs, path)
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
+    got
+}
