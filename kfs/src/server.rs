@@ -294,7 +294,7 @@ pub struct Kfs {
     thread: Option<JoinHandle<Result<()>>>,
     stop: Arc<AtomicBool>,
     crash: Arc<AtomicBool>,
-    doorbell: Doorbell,
+    doorbell: Arc<Doorbell>,
     stats: Arc<Stats>,
     clients: Arc<Mutex<Vec<(u32, Client)>>>,
     /// Clients to forget (see [`Kfs::detach`]).
@@ -313,23 +313,12 @@ pub struct Kfs {
 
 /// Detaches clients from Kfs ([`Kfs::detach`]) without holding the
 /// [`Kfs`] itself: one per thread watching a client's connection.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Detacher {
     leaving: Arc<Mutex<Vec<u32>>>,
     new_clients: Arc<AtomicBool>,
-    /// To wake the Kfs thread (`None` if no mapping could be made: it
-    /// then sees the news on its next round).
-    doorbell: Option<Doorbell>,
-}
-
-impl Clone for Detacher {
-    fn clone(&self) -> Detacher {
-        Detacher {
-            leaving: self.leaving.clone(),
-            new_clients: self.new_clients.clone(),
-            doorbell: self.doorbell.as_ref().and_then(|d| d.map_again().ok()),
-        }
-    }
+    /// To wake the Kfs thread.
+    doorbell: Arc<Doorbell>,
 }
 
 impl Detacher {
@@ -337,9 +326,7 @@ impl Detacher {
     pub fn detach(&self, id: u32) {
         self.leaving.lock().push(id);
         self.new_clients.store(true, Ordering::Release);
-        if let Some(d) = &self.doorbell {
-            d.wake();
-        }
+        self.doorbell.wake();
     }
 }
 
@@ -586,7 +573,7 @@ impl Kfs {
             thread: Some(thread),
             stop,
             crash,
-            doorbell: doorbell.map_again().map_err(io)?,
+            doorbell: Arc::new(doorbell.map_again().map_err(io)?),
             stats,
             clients,
             leaving,
@@ -639,9 +626,7 @@ impl Kfs {
     /// the Kfs thread stops serving its slots and releases its leases,
     /// pool pages, open files and reader epochs.
     pub fn detach(&self, id: u32) {
-        self.leaving.lock().push(id);
-        self.new_clients.store(true, Ordering::Release);
-        self.doorbell.wake();
+        self.detacher().detach(id);
     }
 
     /// A handle that detaches clients from another thread.
@@ -649,7 +634,7 @@ impl Kfs {
         Detacher {
             leaving: self.leaving.clone(),
             new_clients: self.new_clients.clone(),
-            doorbell: self.doorbell.map_again().ok(),
+            doorbell: self.doorbell.clone(),
         }
     }
 
@@ -918,10 +903,14 @@ impl Server {
     }
 
     fn keep_house(&mut self) {
-        if let Some(volume) = self.volume.lock().as_mut() {
-            keep_house(volume, &self.stats);
-        }
-        self.hang_up_evicted();
+        let evicted = match self.volume.lock().as_mut() {
+            Some(volume) => {
+                keep_house(volume, &self.stats);
+                volume.take_evicted()
+            }
+            None => return,
+        };
+        self.hang_up(evicted);
     }
 
     /// Shuts down the connections of the clients the volume evicted.
@@ -930,6 +919,11 @@ impl Server {
             Some(v) => v.take_evicted(),
             None => return,
         };
+        self.hang_up(evicted);
+    }
+
+    /// Shuts down the connections of the clients `evicted`.
+    fn hang_up(&self, evicted: Vec<u32>) {
         for id in evicted {
             let hangup = self.clients.iter().find(|c| c.0 == id);
             if let Some(socket) = hangup.and_then(|c| c.1.hangup.as_ref()) {
