@@ -403,22 +403,7 @@ impl File {
     /// Reads from `offset` without moving the position; returns the bytes
     /// read (0 at or past the end).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        if !self.read {
-            return Err(err(Errno::EBADF));
-        }
-        if self.kind == Kind::Dir {
-            return Err(err(Errno::EISDIR));
-        }
-        if self.fs.isolated() {
-            return self.fs.read_file(self.ino, buf, offset);
-        }
-        // Room for the entries of one chunk: an unaligned read touches one
-        // page more than its length fills. Most reads are a few pages: no
-        // allocation (nor a large clear) for those.
-        let pages = ((buf.len() as u64).div_ceil(PAGE) + 1).min(READ_CHUNK);
-        kucofs_common::scratch::with_words(to_len(pages), |entries| {
-            self.read_into(entries, buf, offset, || {})
-        })
+        self.read_paused(buf, offset, || {})
     }
 
     /// [`File::read_at`] that runs `pause` once the map entries of each
@@ -431,9 +416,22 @@ impl File {
         offset: u64,
         pause: impl FnMut(),
     ) -> io::Result<usize> {
-        if !self.read || self.kind == Kind::Dir {
+        self.read_paused(buf, offset, pause)
+    }
+
+    fn read_paused(&self, buf: &mut [u8], offset: u64, pause: impl FnMut()) -> io::Result<usize> {
+        if !self.read {
             return Err(err(Errno::EBADF));
         }
+        if self.kind == Kind::Dir {
+            return Err(err(Errno::EISDIR));
+        }
+        if self.fs.isolated() {
+            return self.fs.read_file(self.ino, buf, offset);
+        }
+        // Room for the entries of one chunk: an unaligned read touches one
+        // page more than its length fills. Most reads are a few pages: no
+        // allocation (nor a large clear) for those.
         let pages = ((buf.len() as u64).div_ceil(PAGE) + 1).min(READ_CHUNK);
         kucofs_common::scratch::with_words(to_len(pages), |entries| {
             self.read_into(entries, buf, offset, pause)
